@@ -1,4 +1,9 @@
-"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--out results]``."""
+"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--strategies a,b] [--out results]``.
+
+``--strategies`` runs only the listed labels of the config (other labels' result
+directories are left as they are; summary.json, table.md and comparison.png then cover
+the listed labels only).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="experiment TOML file, e.g. conf/fmnist_one_class.toml")
     parser.add_argument("--seeds", help="override the seeds, e.g. 0,1,2")
     parser.add_argument("--rounds", type=int, help="override num-rounds")
+    parser.add_argument("--strategies", help="run only these strategy labels of the config, e.g. drfa,afl")
     parser.add_argument("--out", default="results", help="output root (default: results)")
     parser.add_argument("--quiet", action="store_true", help="only print the final table")
     args = parser.parse_args(argv)
@@ -24,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
     if args.rounds:
         cfg["num-rounds"] = args.rounds
+    if args.strategies:
+        wanted = [x.strip() for x in args.strategies.split(",") if x.strip()]
+        unknown = sorted(set(wanted) - {str(x) for x in cfg["strategies"]})
+        if unknown:
+            parser.error(f"--strategies: {', '.join(unknown)} not in the config's strategies "
+                         f"({', '.join(map(str, cfg['strategies']))})")
+        cfg["strategies"] = wanted
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)

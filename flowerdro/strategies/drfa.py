@@ -54,6 +54,14 @@ Options (defaults are the paper's; see issue 8 for the public code's departures)
 ``dual_lr_decay``
     γ ← γ·decay after every round (public code: 0.9; default 1.0 = constant γ as in the
     paper's analysis). Makes λ settle, at the cost of ceasing to track the worst client.
+``dual_step_scale``
+    ``"paper"`` (Algorithm 1): λ(s+1) = Π_Λ(λ(s) + τγ v) with v_i = (N/m′) Σ_{k∈U′} 1[k = i] f_i,
+    an unbiased estimate of the whole round's dual gradient. ``"public"`` (public code):
+    λ(s+1) = Π_Λ(λ(s) + γ u) with u_i = Σ_{k∈U′} 1[k = i] f_i, i.e. without the factor
+    τN/m′ (for DRFA-Prox the prox step is taken with τ = 1 and u). With τ = 10, N = 10,
+    m′ = 5 the paper's step is 20× larger; choose ``"public"`` to compare with the public
+    code, or when the losses are large enough that the paper's step puts all of λ on one
+    client in one round (see docs/results.md, issue 8).
 ``lambda_floor``
     After the λ step every λ_i below λ_min is raised to λ_min and the vector renormalised
     exactly (:func:`flowerdro.core.simplex.floor_simplex`; public code: 1e-3, default
@@ -151,6 +159,7 @@ __all__ = [
     "DRFAState",
     "REGULARIZERS",
     "SNAPSHOT_MODES",
+    "DUAL_STEP_SCALES",
     "afl",
     "aggregation_coefficients",
     "combine_models",
@@ -164,6 +173,7 @@ __all__ = [
 REGULARIZERS: tuple[str, ...] = ("none", *DRFA_REGULARIZERS)
 CLIENT_SAMPLINGS: tuple[str, ...] = ("lambda", "uniform")
 SNAPSHOT_MODES: tuple[str, ...] = ("shared", "per-client")
+DUAL_STEP_SCALES: tuple[str, ...] = ("paper", "public")
 LAMBDA_INITS: tuple[str, ...] = ("uniform", "size")
 MODEL_CHOICES: tuple[str, ...] = ("last", "average")
 LOSS_ON: tuple[str, ...] = ("batch", "full")
@@ -287,20 +297,27 @@ def dual_step(
     regularizer: str = "none",
     rho: float = 0.0,
     floor: float = 0.0,
+    scale: str = "paper",
 ) -> np.ndarray:
     r"""The λ step of DRFA / DRFA-Prox from the answered loss queries.
 
     v = drfa_loss_vector(N, U′, f) — v_i = (N/m′) Σ_{k∈U′} 1[k = i] f_i(w(t′)), m′ = |U′| —
     then λ⁺ = Π_Λ(λ + τγv) (``regularizer="none"``) or the exact prox step
     argmax_{u∈Λ} τ g(u) − (1/2γ)‖λ + γτv − u‖²; finally λ⁺ ← floor_simplex(λ⁺, floor)
-    when ``floor > 0``.
+    when ``floor > 0``. With ``scale="public"`` the step uses u = (m′/N) v and τ = 1
+    instead (λ⁺ = Π_Λ(λ + γu), u_i = Σ_{k∈U′} 1[k = i] f_i: the public code's step).
 
     Returns
     -------
     numpy.ndarray, shape (N,)
         λ(s+1) on the simplex (every entry ≥ ``floor``).
     """
+    if scale not in DUAL_STEP_SCALES:
+        raise ValueError(f"scale: unknown value {scale!r}; allowed: {', '.join(DUAL_STEP_SCALES)}")
     v = drfa_loss_vector(len(lam), list(query_ids), list(losses))
+    if scale == "public":
+        v = v * (len(query_ids) / len(lam))
+        tau = 1
     if regularizer == "none":
         new = drfa_dual_ascent(lam, v, tau, gamma)
     else:
@@ -405,6 +422,8 @@ class DRFA(FairStrategy):
         γ ← γ·decay after every round, in (0, 1].
     lambda_floor : float (default: 0.0)
         λ_min in [0, 1/N]; 0 disables the floor.
+    dual_step_scale : {"paper", "public"} (default: "paper")
+        The λ step with Algorithm 1's factor τN/m′, or without it as the public code does.
     lambda_init : {"uniform", "size"} (default: "uniform")
         λ(0) uniform or proportional to the clients' training-set sizes.
     output_model : {"last", "average"} (default: "last")
@@ -438,6 +457,7 @@ class DRFA(FairStrategy):
         snapshot: str = "shared",
         dual_lr_decay: float = 1.0,
         lambda_floor: float = 0.0,
+        dual_step_scale: str = "paper",
         lambda_init: str = "uniform",
         output_model: str = "last",
         evaluate_model: str = "last",
@@ -467,6 +487,7 @@ class DRFA(FairStrategy):
         for value, allowed, param, kebab in (
             (client_sampling, CLIENT_SAMPLINGS, "client_sampling", "client-sampling"),
             (snapshot, SNAPSHOT_MODES, "snapshot", "snapshot"),
+            (dual_step_scale, DUAL_STEP_SCALES, "dual_step_scale", "dual-step-scale"),
             (lambda_init, LAMBDA_INITS, "lambda_init", "lambda-init"),
             (output_model, MODEL_CHOICES, "output_model", "output-model"),
             (evaluate_model, MODEL_CHOICES, "evaluate_model", "evaluate-model"),
@@ -492,6 +513,7 @@ class DRFA(FairStrategy):
         self.snapshot = snapshot
         self.dual_lr_decay = float(dual_lr_decay)
         self.lambda_floor = float(lambda_floor)
+        self.dual_step_scale = dual_step_scale
         self.lambda_init = lambda_init
         self.output_model = output_model
         self.evaluate_model = evaluate_model
@@ -519,6 +541,7 @@ class DRFA(FairStrategy):
             "snapshot": self.snapshot,
             "dual_lr_decay": self.dual_lr_decay,
             "lambda_floor": self.lambda_floor,
+            "dual_step_scale": self.dual_step_scale,
             "lambda_init": self.lambda_init,
             "output_model": self.output_model,
             "evaluate_model": self.evaluate_model,
@@ -738,7 +761,8 @@ class DRFA(FairStrategy):
         # 5. λ step
         if ids:
             st.lam = dual_step(st.lam, ids, [loss_of[i] for i in ids], tau=self.local_steps, gamma=st.dual_lr,
-                               regularizer=self.regularizer, rho=self.rho, floor=self.lambda_floor)
+                               regularizer=self.regularizer, rho=self.rho, floor=self.lambda_floor,
+                               scale=self.dual_step_scale)
             self._extras["dual_step"] = f"{len(ids)}/{len(queried)} losses"
             self._extras["query_loss"] = {str(st.partitions[i]): loss_of[i] for i in sorted(loss_of)}
         else:

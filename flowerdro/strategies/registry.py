@@ -142,6 +142,7 @@ def _drfa_kwargs(s: Settings, *, regularizer_default: str, rho_default: float) -
     """DRFA hyper-parameters from the run config (keys documented in flowerdro.strategies.drfa)."""
     from flowerdro.strategies.drfa import (
         CLIENT_SAMPLINGS,
+        DUAL_STEP_SCALES,
         LAMBDA_INITS,
         LOSS_ON,
         MODEL_CHOICES,
@@ -162,6 +163,7 @@ def _drfa_kwargs(s: Settings, *, regularizer_default: str, rho_default: float) -
         "snapshot": s.str("snapshot", "shared", choices=SNAPSHOT_MODES),
         "dual_lr_decay": s.float("dual-lr-decay", 1.0, positive=True, maximum=1.0),
         "lambda_floor": s.float("lambda-floor", 0.0, minimum=0.0),
+        "dual_step_scale": s.str("dual-step-scale", "paper", choices=DUAL_STEP_SCALES),
         "lambda_init": s.str("lambda-init", "uniform", choices=LAMBDA_INITS),
         "output_model": s.str("output-model", "last", choices=MODEL_CHOICES),
         "evaluate_model": s.str("evaluate-model", "last", choices=MODEL_CHOICES),

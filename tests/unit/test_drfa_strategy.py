@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from scipy import stats
 
-from flowerdro.core.dual import drfa_loss_vector
+from flowerdro.core.dual import drfa_loss_vector, drfa_prox_step
 from flowerdro.core.simplex import project_simplex
 from flowerdro.experiments.inprocess import Fault, InProcessGrid
 from flowerdro.strategies import DRFA, build_strategy
@@ -433,6 +433,30 @@ def test_m_greater_than_n_without_replacement_detected_at_first_round_when_n_unk
     st = DRFA(clients_per_round=5, sample_with_replacement=False)
     with pytest.raises(ValueError, match="clients_per_round"):
         _run(st, grid, 1)
+
+
+def test_public_dual_step_scale_drops_tau_n_over_m():
+    # public step: λ + γ Σ_{k∈U′} 1[k=i] f_i (duplicates counted), projected; worked by hand
+    lam = np.array([0.25, 0.25, 0.25, 0.25])
+    got = dual_step(lam, [1, 1, 3], [0.2, 0.2, 0.1], tau=10, gamma=0.5, scale="public")
+    # raw = λ + 0.5·(0, 0.4, 0, 0.1) = (0.25, 0.45, 0.25, 0.30), sum 1.25 → shift by 0.0625
+    np.testing.assert_allclose(got, [0.1875, 0.3875, 0.1875, 0.2375], atol=1e-15)
+    # the paper's step on the same input is τN/m′ = 10·4/3 times larger before projecting
+    paper = dual_step(lam, [1, 1, 3], [0.2, 0.2, 0.1], tau=10, gamma=0.5 * 3 / 40)
+    np.testing.assert_allclose(paper, got, atol=1e-15)
+    # prox variant: the same as the paper's prox step with τ = 1 and the rescaled vector
+    rng = np.random.default_rng(5)
+    lam = rng.dirichlet(np.ones(6))
+    ids, losses = [0, 2, 2, 5], rng.uniform(0, 3, size=4)
+    got = dual_step(lam, ids, losses, tau=7, gamma=0.3, regularizer="kl", rho=0.2, scale="public")
+    v = drfa_loss_vector(6, ids, list(losses)) * 4 / 6
+    np.testing.assert_allclose(got, drfa_prox_step(lam, v, 1, 0.3, "kl", 0.2), atol=1e-12)
+    with pytest.raises(ValueError, match="scale"):
+        dual_step(lam, ids, losses, tau=1, gamma=0.1, scale="nope")
+    with pytest.raises(ValueError, match="dual_step_scale"):
+        DRFA(dual_step_scale="typo")
+    assert build_strategy("drfa", {"dual-step-scale": "public"}).dual_step_scale == "public"
+    assert build_strategy("drfa", {}).dual_step_scale == "paper"
 
 
 def test_registry_builds_each_variant():
