@@ -74,6 +74,20 @@ def _same_length(x: np.ndarray, name: str, ref: np.ndarray, ref_name: str) -> No
         )
 
 
+def _one_of(value: str, allowed: tuple[str, ...], name: str) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
+def _simplex_and_vector(lam: ArrayLike, v: ArrayLike, v_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a point λ of the simplex and a finite vector of the same length."""
+    lam_arr = _simplex_point(lam, "lam")
+    v_arr = _vector(v, v_name)
+    _same_length(v_arr, v_name, lam_arr, "lam")
+    return lam_arr, v_arr
+
+
 def _real(x: float, name: str, allowed: str) -> float:
     try:
         val = float(x)
@@ -227,9 +241,7 @@ def drfa_dual_ascent(
     >>> drfa_dual_ascent([0.5, 0.5], [1.0, 0.0], tau=1, gamma=0.2)
     array([0.6, 0.4])
     """
-    lam_arr = _simplex_point(lam, "lam")
-    v_arr = _vector(v, "v")
-    _same_length(v_arr, "v", lam_arr, "lam")
+    lam_arr, v_arr = _simplex_and_vector(lam, v, "v")
     tau_f = _local_steps(tau, "tau")
     gamma_f = _positive(gamma, "gamma")
     y = lam_arr + tau_f * gamma_f * v_arr
@@ -374,15 +386,9 @@ def drfa_prox_step(
     >>> drfa_prox_step([0.5, 0.5], [1.0, 0.0], tau=1, gamma=1.0, regularizer="l2", rho=1.0)
     array([0.75, 0.25])
     """
-    if regularizer not in DRFA_REGULARIZERS:
-        raise ValueError(
-            f"regularizer must be one of {', '.join(repr(r) for r in DRFA_REGULARIZERS)}, "
-            f"got {regularizer!r}"
-        )
+    _one_of(regularizer, DRFA_REGULARIZERS, "regularizer")
     rho_f = _nonnegative(rho, "rho")
-    lam_arr = _simplex_point(lam, "lam")
-    v_arr = _vector(v, "v")
-    _same_length(v_arr, "v", lam_arr, "lam")
+    lam_arr, v_arr = _simplex_and_vector(lam, v, "v")
     tau_f = _local_steps(tau, "tau")
     gamma_f = _positive(gamma, "gamma")
     if rho_f == 0.0:
@@ -506,14 +512,8 @@ def scaffpd_dual_step(
     >>> scaffpd_dual_step([0.5, 0.5], [1.0, 0.0], sigma=0.2, objective="afl")
     array([0.6, 0.4])
     """
-    if objective not in SCAFFPD_OBJECTIVES:
-        raise ValueError(
-            f"objective must be one of {', '.join(repr(o) for o in SCAFFPD_OBJECTIVES)}, "
-            f"got {objective!r}"
-        )
-    lam_arr = _simplex_point(lam, "lam")
-    s_arr = _vector(s, "s")
-    _same_length(s_arr, "s", lam_arr, "lam")
+    _one_of(objective, SCAFFPD_OBJECTIVES, "objective")
+    lam_arr, s_arr = _simplex_and_vector(lam, s, "s")
     sigma_f = _positive(sigma, "sigma")
     rho_f = _nonnegative(rho, "rho")
     n = lam_arr.size
