@@ -25,7 +25,7 @@ This module is framework-free (networkx + numpy); it never imports flwr.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,15 +270,10 @@ def make_graph(
         p_val = _check_real("p", p)
         if not 0.0 < p_val <= 1.0:
             raise ValueError(f"p must be in (0, 1], got {p_val}")
-        for attempt in range(1, max_tries + 1):
-            graph = _erdos_renyi(num_nodes, p_val, rng)
-            if nx.is_connected(graph):
-                graph.graph.update(topology="erdos_renyi", p=p_val, tries=attempt)
-                return graph
-        raise ValueError(
-            f"erdos_renyi graph with p={p_val} and num_nodes (K)={num_nodes} was "
-            f"disconnected in all {max_tries} draws; increase p (connectivity needs "
-            f"p well above ln(K)/K = {math.log(num_nodes) / num_nodes:.3g}) or max_tries"
+        return _draw_connected(
+            lambda: _erdos_renyi(num_nodes, p_val, rng), max_tries, {"topology": "erdos_renyi", "p": p_val},
+            f"erdos_renyi graph with p={p_val} and num_nodes (K)={num_nodes}",
+            f"increase p (connectivity needs p well above ln(K)/K = {math.log(num_nodes) / num_nodes:.3g})",
         )
 
     # geometric
@@ -287,17 +282,24 @@ def make_graph(
     r_val = _check_real("radius", radius)
     if not 0.0 < r_val <= math.sqrt(2.0):
         raise ValueError(f"radius must be in (0, sqrt(2)] = (0, {math.sqrt(2.0):.6f}], got {r_val}")
-    for attempt in range(1, max_tries + 1):
-        graph = _geometric(num_nodes, r_val, rng)
-        if nx.is_connected(graph):
-            graph.graph.update(topology="geometric", radius=r_val, tries=attempt)
-            return graph
-    raise ValueError(
-        f"geometric graph with radius={r_val} and num_nodes (K)={num_nodes} was "
-        f"disconnected in all {max_tries} draws; increase radius (connectivity needs "
-        f"radius well above sqrt(ln(K)/(pi K)) = "
-        f"{math.sqrt(math.log(num_nodes) / (math.pi * num_nodes)):.3g}) or max_tries"
+    return _draw_connected(
+        lambda: _geometric(num_nodes, r_val, rng), max_tries, {"topology": "geometric", "radius": r_val},
+        f"geometric graph with radius={r_val} and num_nodes (K)={num_nodes}",
+        f"increase radius (connectivity needs radius well above sqrt(ln(K)/(pi K)) = "
+        f"{math.sqrt(math.log(num_nodes) / (math.pi * num_nodes)):.3g})",
     )
+
+
+def _draw_connected(
+    draw: Callable[[], nx.Graph], max_tries: int, attrs: dict[str, Any], what: str, hint: str
+) -> nx.Graph:
+    """Call ``draw()`` until the graph is connected (at most ``max_tries`` times), else raise."""
+    for attempt in range(1, max_tries + 1):
+        graph = draw()
+        if nx.is_connected(graph):
+            graph.graph.update(attrs, tries=attempt)
+            return graph
+    raise ValueError(f"{what} was disconnected in all {max_tries} draws; {hint} or max_tries")
 
 
 # ----------------------------------------------------------------------------------------
