@@ -127,7 +127,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -161,6 +161,7 @@ __all__ = [
     "SNAPSHOT_MODES",
     "DUAL_STEP_SCALES",
     "afl",
+    "admit_partitions",
     "aggregation_coefficients",
     "combine_models",
     "dual_step",
@@ -325,6 +326,24 @@ def dual_step(
     if floor > 0.0:
         new = floor_simplex(new, floor)
     return new
+
+
+def admit_partitions(
+    partitions: Sequence[int], lam: np.ndarray, new: Iterable[int], run_name: str = "drfa"
+) -> tuple[list[int], np.ndarray]:
+    """Add partitions heard from for the first time to λ, keeping λ on the simplex.
+
+    Each newcomer, taken in increasing id order, gets weight 1/(N+1) and the existing
+    weights are scaled by N/(N+1); the result is sorted by partition id.
+    """
+    parts, weights = list(partitions), np.asarray(lam, dtype=np.float64)
+    for pid in sorted(new):
+        n = len(parts)
+        weights = np.append(weights * n / (n + 1), 1.0 / (n + 1))
+        parts.append(int(pid))
+        log(INFO, "[%s] partition %d joined: N = %d", run_name, pid, n + 1)
+    order = np.argsort(parts)
+    return [parts[k] for k in order], weights[order]
 
 
 def lambda_entropy(lam: np.ndarray) -> float:
@@ -590,14 +609,7 @@ class DRFA(FairStrategy):
 
     def _add_partitions(self, new: list[int]) -> None:
         st = self.state
-        for pid in sorted(new):
-            n = len(st.partitions)
-            st.lam = np.append(st.lam * n / (n + 1), 1.0 / (n + 1))
-            st.partitions.append(pid)
-            log(INFO, "[%s] partition %d joined: N = %d", self.run_name, pid, n + 1)
-        order = np.argsort(st.partitions)
-        st.partitions = [st.partitions[k] for k in order]
-        st.lam = st.lam[order]
+        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, new, self.run_name)
         self._check_against_n(len(st.partitions))
         if self.lambda_floor > 0:
             st.lam = floor_simplex(st.lam, self.lambda_floor)

@@ -108,6 +108,7 @@ from flowerdro.strategies.base import (
     arrays_to_numpy,
     numpy_to_arrays,
 )
+from flowerdro.strategies.drfa import admit_partitions
 
 QUERY_TYPE, TRAIN_TYPE = "query.loss_grad", "train.scaffpd"
 STEP_RULES: tuple[str, ...] = ("5.1", "5.2")
@@ -351,14 +352,7 @@ class SCAFFPD(FairStrategy):
                 st.lam = np.full(len(pids), 1.0 / len(pids))
                 log(INFO, "[%s] λ initialised uniform over N = %d partitions", self.run_name, len(pids))
             return
-        for pid in sorted(heard - set(st.partitions)):
-            n = len(st.partitions)
-            st.lam = np.append(st.lam * n / (n + 1), 1.0 / (n + 1))
-            st.partitions.append(pid)
-            log(INFO, "[%s] partition %d joined: N = %d", self.run_name, pid, n + 1)
-        order = np.argsort(st.partitions)
-        st.partitions = [st.partitions[k] for k in order]
-        st.lam = st.lam[order]
+        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, heard - set(st.partitions), self.run_name)
 
     # ------------------------------------------------------------------ configs
     def _config(self, config: ConfigRecord, server_round: int, *, train: bool) -> ConfigRecord:
