@@ -7,8 +7,6 @@ each. Every test uses its own FLWR_HOME and ports, and stops what it started.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,35 +14,18 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from ._flower import BIN, REPO, wait_run
+from ._flower import flower_env as _env
+from ._flower import free_port as _free_port
+
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = os.environ.copy()
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-        "HF_HUB_OFFLINE": "1",
-        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-    })
-    return env
 
 
 def _flwr_run(tmp_path: Path, run_config: str, supernodes: int = 4) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "scripts" / "flwr_run.py"), "--num-supernodes", str(supernodes),
-         "--run-config", run_config, "--timeout", "400"],
-        cwd=REPO, env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=600,
+         "--run-config", run_config, "--timeout", "800"],
+        cwd=REPO, env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=900,
     )
 
 
@@ -112,15 +93,7 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
             env=env, capture_output=True, text=True, timeout=120)
         assert sub.returncode == 0, sub.stdout + sub.stderr
         run_id = str(json.loads(sub.stdout[sub.stdout.find("{"):])["run-id"])
-        status, deadline = "", time.monotonic() + 400
-        while time.monotonic() < deadline:
-            ls = subprocess.run([str(BIN / "flwr"), "ls", "--run-id", run_id, "--format", "json"],
-                                env=env, capture_output=True, text=True)
-            runs = json.loads(ls.stdout[ls.stdout.find("{"):]).get("runs", [])
-            status = runs[0]["status"] if runs else ""
-            if status.startswith("finished"):
-                break
-            time.sleep(2)
+        status = wait_run(run_id, env, timeout=900)  # generous: the machine may be shared
         assert status == "finished:completed", (tmp_path / "superlink.log").read_text()[-3000:]
         rounds = [json.loads(x) for x in (out / "fedavg" / "rounds.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rounds] == [1, 2]
