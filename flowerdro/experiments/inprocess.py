@@ -73,6 +73,10 @@ class InProcessGrid(Grid):
         The run config every node sees (``context.run_config``).
     faults : Mapping[int, Fault]
         Misbehaviour per partition id (tests).
+    replies_per_pull : int or None (default: None)
+        How many replies one ``pull_messages`` call runs and returns (None: every queued
+        message at once). 1 makes replies arrive one by one, as from clients that finish
+        at different times.
     """
 
     app: ClientApp
@@ -81,10 +85,13 @@ class InProcessGrid(Grid):
     faults: Mapping[int, Fault] = field(default_factory=dict)
     seconds_per_node: dict[int, float] = field(default_factory=dict)
     calls: int = 0
+    replies_per_pull: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
             raise ValueError(f"num_nodes: must be >= 1, got {self.num_nodes}")
+        if self.replies_per_pull is not None and self.replies_per_pull < 1:
+            raise ValueError(f"replies_per_pull: must be >= 1 or None, got {self.replies_per_pull}")
         # Scrambled 31-bit ids, deterministic: partition k <-> node id.
         self.node_ids = [int((k * 2654435761 + 97531) % 2_147_483_629) + 1 for k in range(self.num_nodes)]
         self.partition_of_node = {nid: k for k, nid in enumerate(self.node_ids)}
@@ -99,6 +106,7 @@ class InProcessGrid(Grid):
             for k, nid in enumerate(self.node_ids)
         }
         self._ids = count(1)
+        self._queued: dict[str, Message] = {}  # pushed, not yet pulled (message id -> message)
         self._run: Any = None
         ensure_task_identity()
 
@@ -117,11 +125,35 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102
         return list(self.node_ids)
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        raise NotImplementedError("InProcessGrid only supports send_and_receive")
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Queue ``messages`` (nothing runs yet) and return their message ids, in order."""
+        ids = []
+        for msg in messages:
+            nid = int(msg.metadata.dst_node_id)
+            if nid not in self.contexts:
+                raise ValueError(f"dst_node_id: unknown node {nid}")
+            mid = f"m{next(self._ids)}"
+            msg.metadata._message_id = mid  # a SuperLink would assign it
+            self._queued[mid] = msg
+            ids.append(mid)
+        return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        raise NotImplementedError("InProcessGrid only supports send_and_receive")
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Run the queued messages among ``message_ids`` (in push order) and return their replies.
+
+        Each message is run and answered once; a ``timeout`` fault gives no reply, ever.
+        At most :attr:`replies_per_pull` replies come back per call (None: all that are
+        queued), so a strategy that streams sees them arrive one pull at a time.
+        """
+        wanted = set(message_ids)
+        replies: list[Message] = []
+        for mid in [m for m in self._queued if m in wanted]:
+            if self.replies_per_pull is not None and len(replies) >= self.replies_per_pull:
+                break
+            reply, _ = self._deliver(self._queued.pop(mid))
+            if reply is not None:
+                replies.append(reply)
+        return replies
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Run the ClientApp for each message in turn and collect the replies.
@@ -134,26 +166,32 @@ class InProcessGrid(Grid):
             if nid not in self.contexts:
                 raise ValueError(f"dst_node_id: unknown node {nid}")
             msg.metadata._message_id = f"m{next(self._ids)}"  # a SuperLink would assign it
-            fault = self.faults.get(self.partition_of_node[nid])
-            fault = fault if fault is not None and fault.applies(msg) else None
-            if fault is not None and fault.mode == "timeout":
+            reply, elapsed = self._deliver(msg)
+            if reply is None or (timeout is not None and elapsed > timeout):
                 continue
-            self.calls += 1
-            t0 = time.perf_counter()
-            try:
-                if fault is not None and fault.mode == "raise":
-                    raise RuntimeError(f"injected failure on partition {self.partition_of_node[nid]}")
-                reply = self.app(msg, self.contexts[nid])
-            except Exception as exc:  # a failing client becomes an error reply, as in Flower
-                reply = Message(error=Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            elapsed = time.perf_counter() - t0
-            self.seconds_per_node[nid] = self.seconds_per_node.get(nid, 0.0) + elapsed
-            if timeout is not None and elapsed > timeout:
-                continue
-            if fault is not None and not reply.has_error():
-                _corrupt(reply, fault.mode)
             replies.append(reply)
         return replies
+
+    def _deliver(self, msg: Message) -> tuple[Message | None, float]:
+        """Run the ClientApp on ``msg`` with the node's Context and faults: (reply or None, seconds)."""
+        nid = int(msg.metadata.dst_node_id)
+        fault = self.faults.get(self.partition_of_node[nid])
+        fault = fault if fault is not None and fault.applies(msg) else None
+        if fault is not None and fault.mode == "timeout":
+            return None, 0.0
+        self.calls += 1
+        t0 = time.perf_counter()
+        try:
+            if fault is not None and fault.mode == "raise":
+                raise RuntimeError(f"injected failure on partition {self.partition_of_node[nid]}")
+            reply = self.app(msg, self.contexts[nid])
+        except Exception as exc:  # a failing client becomes an error reply, as in Flower
+            reply = Message(error=Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        elapsed = time.perf_counter() - t0
+        self.seconds_per_node[nid] = self.seconds_per_node.get(nid, 0.0) + elapsed
+        if fault is not None and not reply.has_error():
+            _corrupt(reply, fault.mode)
+        return reply, elapsed
 
 
 def ensure_task_identity(run_id: int = 1) -> None:

@@ -20,12 +20,16 @@ Algorithms with one train phase per round implement ``configure_train`` /
 ``aggregate_train`` like any Flower strategy; two-phase algorithms (DRFA, SCAFF-PD)
 override :meth:`FairStrategy.train_round`, using :meth:`FairStrategy.communicate` to talk to
 the clients so that failure handling and accounting stay in one place.
+:meth:`FairStrategy.communicate_stream` does the same through Flower's
+``push_messages``/``pull_messages`` and hands the valid replies over as they arrive
+(FedMGDA+ builds its server step on them while later clients still train).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -35,8 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
+from flwr.common.constant import SType
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
@@ -56,6 +69,35 @@ def record_bytes(content: RecordDict) -> int:
     return total
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_DESCR = re.compile(rb"'descr':\s*'([^']+)'")
+
+
+def array_view(array: Array) -> np.ndarray:
+    """A Flower ``Array`` as a read-only numpy view of its serialised buffer (no copy).
+
+    ``Array.data`` holds the ``.npy`` bytes of a C-ordered array: magic, version, header
+    length, a header naming dtype and order, then the values. The view skips the header
+    with ``np.frombuffer`` instead of ``np.load`` (which parses the header with
+    ``ast.literal_eval`` and copies the values); anything else (Fortran order, structured
+    dtypes, another serialisation) goes through ``Array.numpy()``. Same values, dtype
+    and shape as ``Array.numpy()``.
+    """
+    data = array.data
+    if array.stype == SType.NUMPY and data[:6] == _NPY_MAGIC and data[6] in (1, 2, 3):
+        start = 10 if data[6] == 1 else 12
+        end = start + int.from_bytes(data[8:start], "little")
+        header = data[start:end]
+        descr = _NPY_DESCR.search(header)
+        shape = tuple(int(n) for n in array.shape)
+        if descr is not None and b"'fortran_order': False" in header:
+            dtype = np.dtype(descr.group(1).decode("ascii"))
+            count = math.prod(shape)
+            if not dtype.hasobject and len(data) - end == count * dtype.itemsize:
+                return np.frombuffer(data, dtype=dtype, count=count, offset=end).reshape(shape)
+    return array.numpy()
+
+
 def arrays_to_numpy(arrays: ArrayRecord) -> list[np.ndarray]:
     """The arrays of a record as numpy arrays, in key order."""
     return [arrays[k].numpy() for k in arrays.keys()]
@@ -63,8 +105,6 @@ def arrays_to_numpy(arrays: ArrayRecord) -> list[np.ndarray]:
 
 def numpy_to_arrays(keys: Sequence[str], values: Sequence[np.ndarray]) -> ArrayRecord:
     """An ArrayRecord with ``keys`` mapped to ``values`` (order kept)."""
-    from flwr.app import Array
-
     return ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})
 
 
@@ -77,7 +117,7 @@ def check_arrays(reference: ArrayRecord, candidate: ArrayRecord) -> str | None:
         r, c = reference[k], candidate[k]
         if tuple(r.shape) != tuple(c.shape):
             return f"array '{k}' has shape {tuple(c.shape)}, expected {tuple(r.shape)}"
-        a = c.numpy()
+        a = array_view(c)
         if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
             return f"array '{k}' holds NaN or Inf"
     return None
@@ -171,6 +211,8 @@ class FairStrategy(Strategy):
         self.history: list[dict[str, Any]] = []
         self.client_metrics: dict[int, dict[str, float]] = {}
         self.timeout: float = 3600.0
+        #: Seconds :meth:`communicate_stream` sleeps after a pull that brought no reply.
+        self.pull_interval: float = 0.05
         self._round = 0
         self._bytes = [0, 0]
         self._on_round: list[Callable[[dict[str, Any]], None]] = []
@@ -262,29 +304,126 @@ class FairStrategy(Strategy):
         messages = list(messages)
         if not messages:
             return []
-        for m in messages:
-            self._bytes[0] += record_bytes(m.content)
+        self._count_sent(messages)
         replies = list(grid.send_and_receive(messages, timeout=self.timeout))
         valid: list[Message] = []
         answered: set[int] = set()
         for reply in replies:
             nid = int(reply.metadata.src_node_id)
             answered.add(nid)
-            if reply.has_error():
-                self._fail(phase, nid, "error", str(reply.error.reason)[:300])
-                continue
-            self._bytes[1] += record_bytes(reply.content)
-            why = self._validate(reply, reference, array_keys, required_metrics)
-            if why is not None:
-                self._fail(phase, nid, why[0], why[1])
-                continue
-            valid.append(reply)
-        for m in messages:
-            nid = int(m.metadata.dst_node_id)
-            if nid not in answered:
-                answered.add(nid)
-                self._fail(phase, nid, "timeout", f"no reply within {self.timeout:.0f} s")
+            if self._accept(reply, nid, phase, reference, array_keys, required_metrics):
+                valid.append(reply)
+        self._fail_unanswered(phase, [int(m.metadata.dst_node_id) for m in messages if
+                                      int(m.metadata.dst_node_id) not in answered])
         return valid
+
+    def communicate_stream(
+        self,
+        grid: Grid,
+        messages: Sequence[Message],
+        on_replies: Callable[[list[Message]], None],
+        *,
+        phase: str,
+        reference: ArrayRecord | None = None,
+        array_keys: Sequence[str] = ("arrays",),
+        required_metrics: Sequence[str] = (),
+    ) -> list[Message]:
+        """Like :meth:`communicate`, but hand the valid replies over as they arrive.
+
+        The messages are pushed once (``grid.push_messages``); the outstanding ones are then
+        pulled (``grid.pull_messages``) until every node has answered or ``self.timeout``
+        has passed, sleeping :attr:`pull_interval` seconds only after a pull that brought
+        nothing. Each pull's valid replies go to ``on_replies`` at once (one call per pull,
+        never with an empty list), so the caller can work on early replies while later
+        ones are still being computed; the time ``on_replies`` takes counts against the
+        timeout. Replies are matched to their messages by ``reply_to_message_id`` and
+        checked exactly as in :meth:`communicate` (errors, NaN/Inf metrics, wrong or
+        non-finite arrays are dropped and counted under ``phase``; the nodes still
+        outstanding at the deadline are counted as ``timeout``). A grid whose
+        ``push_messages`` raises ``NotImplementedError`` is served by one
+        ``send_and_receive`` and a single ``on_replies`` call.
+
+        Returns
+        -------
+        list of Message
+            All valid replies, in arrival order (the concatenation of the ``on_replies`` batches).
+        """
+        messages = list(messages)
+        if not messages:
+            return []
+        try:
+            ids = list(grid.push_messages(messages))
+        except NotImplementedError:
+            valid = self.communicate(grid, messages, phase=phase, reference=reference, array_keys=array_keys,
+                                     required_metrics=required_metrics)
+            if valid:
+                on_replies(valid)
+            return valid
+        self._count_sent(messages)
+        if len(ids) == len(messages):  # Flower keeps the order and puts None where a push failed
+            pairs = list(zip(ids, messages, strict=True))
+        else:  # a grid that leaves failed pushes out: match by the message ids it assigned
+            pushed = {str(i) for i in ids if i}
+            pairs = [(m.metadata.message_id if m.metadata.message_id in pushed else None, m) for m in messages]
+        pending: dict[str, int] = {}
+        for mid, msg in pairs:
+            nid = int(msg.metadata.dst_node_id)
+            if mid:
+                pending[str(mid)] = nid
+            else:
+                self._fail(phase, nid, "error", "the grid could not push the message")
+        valid: list[Message] = []
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            replies = list(grid.pull_messages(list(pending)))
+            batch: list[Message] = []
+            for reply in replies:
+                nid = pending.pop(str(reply.metadata.reply_to_message_id), None)
+                if nid is None:  # not (or no longer) outstanding: a duplicate or a stray reply
+                    continue
+                if self._accept(reply, nid, phase, reference, array_keys, required_metrics):
+                    batch.append(reply)
+            if batch:
+                valid.extend(batch)
+                on_replies(batch)
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            if not replies:
+                time.sleep(min(self.pull_interval, deadline - now))
+        self._fail_unanswered(phase, list(pending.values()))
+        return valid
+
+    def _count_sent(self, messages: Sequence[Message]) -> None:
+        for m in messages:
+            self._bytes[0] += record_bytes(m.content)
+
+    def _accept(
+        self,
+        reply: Message,
+        node_id: int,
+        phase: str,
+        reference: ArrayRecord | None,
+        array_keys: Sequence[str],
+        required_metrics: Sequence[str],
+    ) -> bool:
+        """Whether ``reply`` (from ``node_id``) is usable; count its bytes, or log why it is dropped."""
+        if reply.has_error():
+            self._fail(phase, node_id, "error", str(reply.error.reason)[:300])
+            return False
+        self._bytes[1] += record_bytes(reply.content)
+        why = self._validate(reply, reference, array_keys, required_metrics)
+        if why is not None:
+            self._fail(phase, node_id, why[0], why[1])
+            return False
+        return True
+
+    def _fail_unanswered(self, phase: str, node_ids: Iterable[int]) -> None:
+        seen: set[int] = set()
+        for nid in node_ids:
+            if nid not in seen:
+                seen.add(nid)
+                self._fail(phase, nid, "timeout", f"no reply within {self.timeout:g} s")
 
     def _validate(
         self,
@@ -540,7 +679,12 @@ def _json_default(obj: Any) -> Any:
 
 def _mean_metrics(contents: Sequence[RecordDict]) -> MetricRecord:
     """Example-weighted mean of the scalar metrics every reply shares."""
-    mrs = [c.metric_records.get("metrics") or next(iter(c.metric_records.values())) for c in contents]
+    return mean_of_metric_records(
+        [c.metric_records.get("metrics") or next(iter(c.metric_records.values())) for c in contents])
+
+
+def mean_of_metric_records(mrs: Sequence[MetricRecord]) -> MetricRecord:
+    """Σ_i n_i v_i / Σ_i n_i for each scalar metric v all records share (n_i = ``num-examples``)."""
     keys = set.intersection(*(set(k for k, v in m.items() if isinstance(v, int | float)) for m in mrs))
     keys -= {PARTITION_ID}
     w = np.array([float(m[NUM_EXAMPLES]) for m in mrs])

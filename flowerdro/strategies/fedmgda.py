@@ -52,9 +52,19 @@ Choices documented here
   stepped; w_{t+1} takes their λ*-weighted average over the participants, rounded.
 * Failed replies are dropped (see :class:`~flowerdro.strategies.base.FairStrategy`); λ₀
   is restricted to the clients that answered. Nobody answering keeps w_t.
+* The step is built while the replies arrive (:class:`StreamingServerStep`, fed by
+  :meth:`~flowerdro.strategies.base.FairStrategy.communicate_stream`): each pulled reply's
+  update g_i is written once into a preallocated (m × d) matrix and its Gram row
+  ⟨g_i, g_j⟩ (j ≤ i) computed at once, so after the last reply only that reply's row
+  (one read of the updates), the m × m solve and w_{t+1} = w_t − η_t Xᵀ(λ*/‖g‖) (a
+  second read) remain. The normalisation is folded into Ĝ = D⁻¹GD⁻¹ and the weights
+  λ*_i/‖g_i‖, so updates are never rescaled. Replies that arrive together are added as
+  one block; all at once it is the batch step, :func:`fedmgda_server_step`. Large models
+  go to the GPU when there is one (``server_device="auto"``).
 * The Gram matrix of float32 models is built with float32 block products summed in
   float64 (``gram_precision="auto"``): its error (≈1e-7 of max G_ii) is below the float32
-  rounding of the updates themselves. float64 models use float64 throughout.
+  rounding of the updates themselves; its rounding-size negative eigenvalues are clipped
+  to 0 before the solve. float64 models use float64 throughout.
 * Fairness during training (``track_improvement``, off by default): after the step the
   participants get ``query.loss`` (``loss-on = "full"``) at w_{t+1}; "before" is the
   ``train_loss`` of their train reply (the loss of the received w_t on all local training
@@ -89,6 +99,7 @@ the base loop's ``fraction-train`` p, ``seed`` …; T is the run's number of rou
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from logging import WARNING
 from typing import Any
@@ -99,21 +110,25 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from flowerdro.core.mgda import _gram_of_matrix, combine_rows, fedmgda_lr, min_norm_weights
+from flowerdro.core.mgda import fedmgda_lr, min_norm_weights
 from flowerdro.strategies.base import (
     NUM_EXAMPLES,
     PARTITION_ID,
     FairStrategy,
-    _mean_metrics,
+    array_view,
+    mean_of_metric_records,
     numpy_to_arrays,
 )
 
 __all__ = [
+    "DEVICES",
     "GRAM_PRECISIONS",
     "IMPROVEMENT_BEFORE",
     "LAMBDA_INITS",
     "FedMGDA",
+    "ReplyStream",
     "ServerStep",
+    "StreamingServerStep",
     "fedmgda_server_step",
     "improved_fraction",
 ]
@@ -121,6 +136,11 @@ __all__ = [
 LAMBDA_INITS: tuple[str, ...] = ("uniform", "size")
 IMPROVEMENT_BEFORE: tuple[str, ...] = ("train-loss", "query")
 GRAM_PRECISIONS: tuple[str, ...] = ("auto", "float32", "float64")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: Columns per block of the Gram products (each block's product is summed in float64).
+GRAM_BLOCK = 1 << 16
+#: ``device="auto"`` puts the update matrix on the GPU from this many entries (m·d) on.
+GPU_MIN_ENTRIES = 1 << 22
 TRAIN_TYPE, QUERY_TYPE = "train.sgd", "query.loss"
 
 
@@ -146,6 +166,244 @@ def _center(lambda_init: str, sizes: Sequence[float]) -> np.ndarray:
     return n / n.sum()
 
 
+def _pick_device(device: str, entries: int, itemsize: int) -> str:
+    """``"cpu"`` or ``"cuda"`` for an (m × d) update matrix of ``entries`` elements."""
+    if device not in DEVICES:
+        raise ValueError(f"device: must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device: 'cuda' was asked for but torch sees no CUDA device")
+        return "cuda"
+    if entries < GPU_MIN_ENTRIES or not torch.cuda.is_available():
+        return "cpu"
+    free, _ = torch.cuda.mem_get_info()
+    return "cuda" if 1.25 * entries * itemsize < free else "cpu"
+
+
+def _clip_negative_eigenvalues(G: np.ndarray) -> np.ndarray:
+    """G with its (rounding-size) negative eigenvalues set to 0: V max(Λ, 0) Vᵀ, symmetrised."""
+    w, V = np.linalg.eigh(G)
+    if w[0] >= 0.0:
+        return G
+    out = (V * np.maximum(w, 0.0)) @ V.T
+    return 0.5 * (out + out.T)
+
+
+class StreamingServerStep:
+    r"""The FedMGDA+ server step, built up one reply (or one batch of replies) at a time.
+
+    For w_t and participants i = 1..m whose models w_i arrive in any order, in batches:
+
+    * :meth:`add` writes g_i = w_t − w_i (floating-point arrays only) into row i of a
+      preallocated (capacity × d) matrix X, the only copy of the update, and computes the
+      new rows of the Gram matrix against every update received so far,
+
+      .. math::  G_{ij} = ⟨g_i, g_j⟩ \quad (j ≤ i),\qquad ‖g_i‖ = \sqrt{G_{ii}},
+
+      as column blocks of 2¹⁶ multiplied in the Gram precision and summed in float64; a
+      batch of k new rows is one (k × d)(d × n) product per block, so one reply costs one
+      read of the updates received so far;
+    * :meth:`finish` normalises, Ĝ = D⁻¹GD⁻¹ with D = diag(‖g_i‖) (ĝ_i = g_i/‖g_i‖, a zero
+      update stays zero), solves λ* = argmin_{λ ∈ Δ, ‖λ − λ₀‖_∞ ≤ ε} λᵀĜλ with
+      :func:`~flowerdro.core.mgda.min_norm_weights`, and steps
+
+      .. math::  w_{t+1} = w_t − η_t Σ_i λ^*_i ĝ_i = w_t − η_t Xᵀ(λ^* / ‖g‖)
+
+      as one matrix-vector product (``addmv``). Integer arrays become the rounded
+      λ*-weighted average of the participants' values.
+
+    The normalisation is folded into Ĝ and the combination weights λ*_i/‖g_i‖, so the
+    updates are written once and never rescaled; after the last reply only its Gram row
+    (one read of X), the m × m solve and the combination (a second read of X) remain.
+    With float32 arithmetic, Ĝ's rounding-size negative eigenvalues are clipped to 0
+    before the solve (one m × m eigendecomposition). Adding all replies in one batch gives
+    the batch step (:func:`fedmgda_server_step`).
+
+    Parameters
+    ----------
+    global_arrays : sequence of np.ndarray
+        w_t, one array per model entry.
+    capacity : int
+        The most participants that can be added (the number of messages sent).
+    normalize : bool (default: True)
+        Normalise the updates (FedMGDA+, FedAvg-n) or not (FedMGDA: ĝ_i = g_i).
+    gram_precision : {"auto", "float32", "float64"} (default: "auto")
+        Arithmetic of the Gram products (sums always float64); ``auto``: float32 for
+        float32 models, float64 otherwise.
+    device : {"auto", "cpu", "cuda"} (default: "auto")
+        Where X lives and the products run; ``auto``: CUDA when torch sees a GPU, the
+        matrix has at least 2²² entries and fits in 80% of the free GPU memory, else CPU.
+    """
+
+    def __init__(
+        self,
+        global_arrays: Sequence[np.ndarray],
+        capacity: int,
+        *,
+        normalize: bool = True,
+        gram_precision: str = "auto",
+        device: str = "auto",
+    ) -> None:
+        import torch
+
+        if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
+            raise ValueError(f"capacity: must be an integer >= 1, got {capacity!r}")
+        if gram_precision not in GRAM_PRECISIONS:
+            raise ValueError(f"gram_precision: must be one of {', '.join(GRAM_PRECISIONS)}, got {gram_precision!r}")
+        w = [np.asarray(a) for a in global_arrays]
+        self._w = w
+        self._float = [bool(np.issubdtype(a.dtype, np.floating)) for a in w]
+        self._spans: list[tuple[int, int, int]] = []  # (array index, offset, size) of the float arrays in a row
+        off = 0
+        for k, a in enumerate(w):
+            if self._float[k]:
+                self._spans.append((k, off, int(a.size)))
+                off += int(a.size)
+        self.dim = off
+        fl = [w[k].dtype for k, _, _ in self._spans]
+        self.dtype = np.dtype(np.result_type(np.float32, *fl)) if fl else np.dtype(np.float64)
+        self.precision = gram_precision if gram_precision != "auto" else (
+            "float32" if self.dtype == np.float32 else "float64")
+        self.normalize = bool(normalize)
+        self.capacity = int(capacity)
+        self.device = _pick_device(device, self.capacity * self.dim, self.dtype.itemsize)
+        self.count = 0
+        w_flat = np.empty(self.dim, dtype=self.dtype)
+        for k, o, n in self._spans:
+            w_flat[o : o + n] = w[k].reshape(-1)
+        if self.device == "cpu":
+            self._X_np: np.ndarray | None = np.empty((self.capacity, self.dim), dtype=self.dtype)
+            self._X = torch.from_numpy(self._X_np)
+            self._w_flat = torch.from_numpy(w_flat)
+        else:
+            self._X_np = None
+            self._X = torch.empty((self.capacity, self.dim), dtype=getattr(torch, self.dtype.name),
+                                  device=self.device)
+            self._w_flat = torch.from_numpy(w_flat).to(self.device)
+        self._G = np.zeros((self.capacity, self.capacity))
+        self._others: list[list[np.ndarray]] = []  # each participant's non-float arrays
+
+    @property
+    def gram(self) -> np.ndarray:
+        """G_ij = ⟨g_i, g_j⟩ of the updates added so far (raw, float64, a copy)."""
+        return self._G[: self.count, : self.count].copy()
+
+    def add(self, local_arrays: Sequence[Sequence[np.ndarray]]) -> None:
+        """Add the models w_i of one or more participants: their updates and Gram rows.
+
+        Raises ValueError (nothing is added) when a model's arrays do not match w_t, the
+        capacity would be exceeded, or an update holds NaN/Inf.
+        """
+        k = len(local_arrays)
+        if k == 0:
+            return
+        n0, n1 = self.count, self.count + k
+        if n1 > self.capacity:
+            raise ValueError(f"local_arrays: {n1} participants exceed the capacity {self.capacity}")
+        locs = []
+        for j, loc in enumerate(local_arrays):
+            loc = [np.asarray(a) for a in loc]
+            if len(loc) != len(self._w):
+                raise ValueError(f"local_arrays: participant {n0 + j} has {len(loc)} arrays, "
+                                 f"the model has {len(self._w)}")
+            for a, ref, i in zip(loc, self._w, range(len(loc)), strict=True):
+                if a.shape != ref.shape:
+                    raise ValueError(f"local_arrays: array {i} of participant {n0 + j} has shape {a.shape}, "
+                                     f"expected {ref.shape}")
+            locs.append(loc)
+        for j, loc in enumerate(locs):
+            self._write_update(n0 + j, loc)
+        R = self._gram_rows(n0, n1)
+        if not np.all(np.isfinite(R)):
+            raise ValueError("local_arrays: the updates contain NaN or Inf")
+        new = 0.5 * (R[:, n0:n1] + R[:, n0:n1].T)
+        self._G[n0:n1, :n0] = R[:, :n0]
+        self._G[:n0, n0:n1] = R[:, :n0].T
+        self._G[n0:n1, n0:n1] = new
+        self._others.extend([a for a, f in zip(loc, self._float, strict=True) if not f] for loc in locs)
+        self.count = n1
+
+    def _write_update(self, row: int, loc: list[np.ndarray]) -> None:
+        """X[row] = w_t − w_i over the floating-point arrays."""
+        if self._X_np is not None:
+            for k, o, n in self._spans:
+                np.subtract(self._w[k].reshape(-1), loc[k].reshape(-1), out=self._X_np[row, o : o + n],
+                            casting="unsafe")
+            return
+        import torch
+
+        for k, o, n in self._spans:
+            local = torch.tensor(loc[k].reshape(-1), device=self.device, dtype=self._X.dtype)
+            torch.sub(self._w_flat[o : o + n], local, out=self._X[row, o : o + n])
+
+    def _gram_rows(self, n0: int, n1: int) -> np.ndarray:
+        """⟨g_i, g_j⟩ for new rows i ∈ [n0, n1) and all j < n1: (n1 − n0) × n1, float64."""
+        import torch
+
+        acc = torch.zeros((n1 - n0, n1), dtype=torch.float64, device=self.device)
+        work = torch.float64 if self.precision == "float64" else torch.float32
+        for j in range(0, self.dim, GRAM_BLOCK):
+            P = self._X[n0:n1, j : j + GRAM_BLOCK].to(work)
+            Q = self._X[:n1, j : j + GRAM_BLOCK].to(work)
+            acc += (P @ Q.T).to(torch.float64)
+        return acc.cpu().numpy()
+
+    def finish(self, *, eps: float | None, global_lr: float, center: np.ndarray | None = None) -> ServerStep:
+        """Normalise, solve for λ*, and step: the :class:`ServerStep` of the participants added.
+
+        Parameters
+        ----------
+        eps : float or None
+            ε ∈ [0, 1]; None means no box (vanilla MGDA).
+        global_lr : float
+            η_t > 0.
+        center : np.ndarray of shape (m,) or None (default: None)
+            λ₀ on the simplex for the m participants added, in the order added (None: uniform).
+        """
+        import torch
+
+        m = self.count
+        if m == 0:
+            raise ValueError("local_arrays: at least one participant's model is required")
+        G = self._G[:m, :m].copy()
+        if self.precision == "float32" and m > 1:
+            G = _clip_negative_eigenvalues(G)
+        norms = np.sqrt(np.maximum(np.diag(G), 0.0))
+        if self.normalize:
+            scale = np.zeros(m)
+            nz = norms > 0.0
+            scale[nz] = 1.0 / norms[nz]
+            Gn = G * np.outer(scale, scale)
+            Gn[np.diag_indices(m)] = nz.astype(np.float64)
+        else:
+            scale = np.ones(m)
+            Gn = G
+        c = np.full(m, 1.0 / m) if center is None else np.asarray(center, dtype=np.float64)
+        lam = min_norm_weights(Gn, eps=eps, center=c)
+        coef = torch.from_numpy(np.asarray(lam * scale, dtype=self.dtype)).to(self.device)
+        flat = torch.addmv(self._w_flat, self._X[:m].T, coef, alpha=-float(global_lr)) if self.dim else self._w_flat
+        flat_np = flat.cpu().numpy()
+        dnorm = float(math.sqrt(max(float(lam @ Gn @ lam), 0.0)))
+        new: list[np.ndarray] = []
+        spans = {k: (o, n) for k, o, n in self._spans}
+        o_idx = 0
+        for k, a in enumerate(self._w):
+            if self._float[k]:
+                o, n = spans[k]
+                new.append(flat_np[o : o + n].reshape(a.shape).astype(a.dtype, copy=False))
+            else:
+                acc = np.zeros(a.shape, dtype=np.float64)
+                for li, others in zip(lam, self._others, strict=True):
+                    acc += li * np.asarray(others[o_idx], dtype=np.float64)
+                new.append(np.rint(acc).astype(a.dtype))
+                o_idx += 1
+        return ServerStep(new, lam, norms, dnorm, float(global_lr), c)
+
+
 def fedmgda_server_step(
     global_arrays: Sequence[np.ndarray],
     local_arrays: Sequence[Sequence[np.ndarray]],
@@ -155,8 +413,9 @@ def fedmgda_server_step(
     normalize: bool = True,
     center: np.ndarray | None = None,
     gram_precision: str = "auto",
+    device: str = "auto",
 ) -> ServerStep:
-    r"""One FedMGDA+ server step from the global model and the participants' models.
+    r"""One FedMGDA+ server step from the global model and all participants' models at once.
 
     .. math::
 
@@ -165,8 +424,9 @@ def fedmgda_server_step(
         w_{t+1} = w_t − η_t Σ_i λ^*_i ĝ_i,
 
     over the floating-point arrays (G_ij = ⟨ĝ_i, ĝ_j⟩); without normalisation ĝ_i = g_i.
-    The updates are written once into an (m × d) matrix X (the only copy), G = XXᵀ gives
-    ‖g_i‖ = √G_ii and the normalised Gram D⁻¹GD⁻¹, and d_t = (λ*/‖g‖)ᵀX is one
+    This is :class:`StreamingServerStep` with every model added in one batch: the updates
+    are written once into an (m × d) matrix X, G = XXᵀ in column blocks gives ‖g_i‖ = √G_ii
+    and the normalised Gram D⁻¹GD⁻¹, and w_{t+1} = w_t − η_t Xᵀ(λ*/‖g‖) is one
     matrix-vector product. Integer arrays become the rounded λ*-weighted average of the
     participants' values.
 
@@ -186,68 +446,19 @@ def fedmgda_server_step(
         λ₀ on the simplex (None: uniform).
     gram_precision : {"auto", "float32", "float64"} (default: "auto")
         Arithmetic of the Gram products; ``auto`` is float32 for float32 models.
+    device : {"auto", "cpu", "cuda"} (default: "auto")
+        Where the products run (see :class:`StreamingServerStep`).
 
     Returns
     -------
     ServerStep
     """
-    w = [np.asarray(a) for a in global_arrays]
-    m = len(local_arrays)
-    if m == 0:
+    if len(local_arrays) == 0:
         raise ValueError("local_arrays: at least one participant's model is required")
-    mask = [bool(np.issubdtype(a.dtype, np.floating)) for a in w]
-    idx = [k for k, f in enumerate(mask) if f]
-    dims = [int(w[k].size) for k in idx]
-    d = sum(dims)
-    dtype = np.result_type(np.float32, *[w[k].dtype for k in idx]) if idx else np.dtype(np.float64)
-    X = np.empty((m, d), dtype=dtype)
-    for i, loc in enumerate(local_arrays):
-        if len(loc) != len(w):
-            raise ValueError(f"local_arrays: participant {i} has {len(loc)} arrays, the model has {len(w)}")
-        off = 0
-        for k, n in zip(idx, dims, strict=True):
-            a = np.asarray(loc[k])
-            if a.shape != w[k].shape:
-                raise ValueError(f"local_arrays: array {k} of participant {i} has shape {a.shape}, "
-                                 f"expected {w[k].shape}")
-            np.subtract(w[k].reshape(-1), a.reshape(-1), out=X[i, off : off + n], casting="unsafe")
-            off += n
-    if not np.all(np.isfinite(X)):
-        raise ValueError("local_arrays: the updates contain NaN or Inf")
-    if gram_precision not in GRAM_PRECISIONS:
-        raise ValueError(f"gram_precision: must be one of {', '.join(GRAM_PRECISIONS)}, got {gram_precision!r}")
-    precision = gram_precision if gram_precision != "auto" else ("float32" if dtype == np.float32 else "float64")
-    G = _gram_of_matrix(X, "auto", precision) if d else np.zeros((m, m))
-    norms = np.sqrt(np.maximum(np.diag(G), 0.0))
-    if normalize:
-        scale = np.zeros(m)
-        nz = norms > 0.0
-        scale[nz] = 1.0 / norms[nz]
-        Gn = G * np.outer(scale, scale)
-        Gn[np.diag_indices(m)] = nz.astype(np.float64)
-    else:
-        scale = np.ones(m)
-        Gn = G
-    c = np.full(m, 1.0 / m) if center is None else np.asarray(center, dtype=np.float64)
-    lam = min_norm_weights(Gn, eps=eps, center=c)
-    coef = lam * scale
-    direction = combine_rows(X, coef) if d else np.zeros(0, dtype=dtype)
-    dnorm = float(math.sqrt(max(float(lam @ Gn @ lam), 0.0)))
-    new: list[np.ndarray] = []
-    off = 0
-    pos = {k: j for j, k in enumerate(idx)}
-    for k, a in enumerate(w):
-        if mask[k]:
-            n = dims[pos[k]]
-            step = direction[off : off + n].reshape(a.shape)
-            new.append((a - global_lr * step).astype(a.dtype, copy=False))
-            off += n
-        else:
-            acc = np.zeros(a.shape, dtype=np.float64)
-            for li, loc in zip(lam, local_arrays, strict=True):
-                acc += li * np.asarray(loc[k], dtype=np.float64)
-            new.append(np.rint(acc).astype(a.dtype))
-    return ServerStep(new, lam, norms, dnorm, float(global_lr), c)
+    step = StreamingServerStep(global_arrays, len(local_arrays), normalize=normalize,
+                               gram_precision=gram_precision, device=device)
+    step.add(local_arrays)
+    return step.finish(eps=eps, global_lr=global_lr, center=center)
 
 
 def improved_fraction(before: dict[int, float], after: dict[int, float]) -> float | None:
@@ -260,6 +471,45 @@ def improved_fraction(before: dict[int, float], after: dict[int, float]) -> floa
 
 def _metrics(content: RecordDict) -> MetricRecord:
     return content.metric_records.get("metrics") or next(iter(content.metric_records.values()))
+
+
+class ReplyStream:
+    """A :class:`StreamingServerStep` fed with reply Messages (their ``arrays``, partition ids, sizes).
+
+    Parameters
+    ----------
+    arrays : ArrayRecord
+        w_t (the model the replies' updates are relative to).
+    capacity : int
+        The most replies that will be added (the number of messages sent).
+    normalize, gram_precision, device
+        As in :class:`StreamingServerStep`.
+    """
+
+    def __init__(self, arrays: ArrayRecord, capacity: int, *, normalize: bool = True, gram_precision: str = "auto",
+                 device: str = "auto") -> None:
+        self.keys = list(arrays.keys())
+        self.step = StreamingServerStep([arrays[k].numpy() for k in self.keys], capacity, normalize=normalize,
+                                        gram_precision=gram_precision, device=device)
+        self.partition_ids: list[int] = []
+        self.sizes: list[float] = []
+        self.metrics: list[MetricRecord] = []
+
+    def add(self, replies: Sequence[Message]) -> None:
+        """Add the models w_i of ``replies`` (validated replies with ``arrays`` and ``metrics``).
+
+        The arrays are read as views of the replies' buffers (:func:`array_view`, no copy);
+        the reply metrics are kept for the round's averages.
+        """
+        locs, mrs = [], []
+        for r in replies:
+            rec = r.content.array_records.get("arrays") or next(iter(r.content.array_records.values()))
+            locs.append([array_view(rec[k]) for k in self.keys])
+            mrs.append(_metrics(r.content))
+        self.step.add(locs)
+        self.metrics.extend(mrs)
+        self.partition_ids.extend(int(mr[PARTITION_ID]) for mr in mrs)
+        self.sizes.extend(float(mr[NUM_EXAMPLES]) for mr in mrs)
 
 
 # =========================================================================== strategy
@@ -298,6 +548,8 @@ class FedMGDA(FairStrategy):
         Where f_i(w_t) comes from: the train reply's ``train_loss`` or a ``query.loss``.
     gram_precision : {"auto", "float32", "float64"} (default: "auto")
         Arithmetic of the Gram matrix (``auto``: the model's float dtype).
+    server_device : {"auto", "cpu", "cuda"} (default: "auto")
+        Where the server step runs (``auto``: the GPU for large models when there is one).
     name : str (default: "fedmgda+")
         Label of the variant for logs.
     **kwargs
@@ -324,6 +576,7 @@ class FedMGDA(FairStrategy):
         track_improvement: bool = False,
         improvement_before: str = "train-loss",
         gram_precision: str = "auto",
+        server_device: str = "auto",
         name: str = "fedmgda+",
         **kwargs: Any,
     ) -> None:
@@ -357,6 +610,8 @@ class FedMGDA(FairStrategy):
                              f"got {improvement_before!r}")
         if gram_precision not in GRAM_PRECISIONS:
             raise ValueError(f"gram_precision: must be one of {', '.join(GRAM_PRECISIONS)}, got {gram_precision!r}")
+        if server_device not in DEVICES:
+            raise ValueError(f"server_device: must be one of {', '.join(DEVICES)}, got {server_device!r}")
         self.eps = None if eps is None else float(eps)
         self.normalize = bool(normalize)
         self.global_lr = float(global_lr)
@@ -373,6 +628,7 @@ class FedMGDA(FairStrategy):
         self.track_improvement = bool(track_improvement)
         self.improvement_before = improvement_before
         self.gram_precision = gram_precision
+        self.server_device = server_device
         #: The global model w_t last sent by :meth:`configure_train` (what the updates are relative to).
         self.current_arrays: ArrayRecord | None = None
         self._extras: dict[str, Any] = {}
@@ -386,6 +642,7 @@ class FedMGDA(FairStrategy):
             "proximal_mu": self.proximal_mu, "local_epochs": self.local_epochs, "local_steps": self.local_steps,
             "lr": self.lr, "batch_size": self.batch_size, "track_improvement": self.track_improvement,
             "improvement_before": self.improvement_before, "gram_precision": self.gram_precision,
+            "server_device": self.server_device,
         })
         return out
 
@@ -439,7 +696,11 @@ class FedMGDA(FairStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The FedMGDA+ step on the valid replies (w_t is :attr:`current_arrays`)."""
+        """The FedMGDA+ step on the valid replies, all at once (w_t is :attr:`current_arrays`).
+
+        :meth:`train_round` does the same step while the replies arrive
+        (:meth:`start_stream`); this is the batch form for Flower's own loop and for tests.
+        """
         self._extras = {}
         replies = [r for r in replies if not r.has_error()]
         if not replies:
@@ -447,50 +708,77 @@ class FedMGDA(FairStrategy):
         if self.current_arrays is None:
             raise RuntimeError("current_arrays: aggregate_train needs the global model w_t; call configure_train "
                                "first (or set strategy.current_arrays)")
-        keys = list(self.current_arrays.keys())
-        w = [self.current_arrays[k].numpy() for k in keys]
-        locs, pids, sizes = [], [], []
-        for r in replies:
-            rec = r.content.array_records.get("arrays") or next(iter(r.content.array_records.values()))
-            locs.append([rec[k].numpy() for k in keys])
-            mr = _metrics(r.content)
-            pids.append(int(mr[PARTITION_ID]))
-            sizes.append(float(mr[NUM_EXAMPLES]))
+        stream = self.start_stream(self.current_arrays, len(replies))
+        stream.add(replies)
+        return self.finish_stream(server_round, stream)
+
+    # ------------------------------------------------------------------ the step as replies arrive
+    def start_stream(self, arrays: ArrayRecord, capacity: int) -> ReplyStream:
+        """A :class:`ReplyStream` for w_t = ``arrays`` and up to ``capacity`` replies."""
+        return ReplyStream(arrays, capacity, normalize=self.normalize, gram_precision=self.gram_precision,
+                           device=self.server_device)
+
+    def finish_stream(self, server_round: int, stream: ReplyStream) -> tuple[ArrayRecord, MetricRecord]:
+        """λ*, w_{t+1} and the round's metrics from a stream holding every valid reply."""
         eta = self.global_rate(server_round)
-        step = fedmgda_server_step(w, locs, eps=self.eps, global_lr=eta, normalize=self.normalize,
-                                   center=_center(self.lambda_init, sizes), gram_precision=self.gram_precision)
+        step = stream.step.finish(eps=self.eps, global_lr=eta, center=_center(self.lambda_init, stream.sizes))
+        pids = stream.partition_ids
         self._extras = {
             "lambda": {str(p): float(v) for p, v in zip(pids, step.lam, strict=True)},
             "update_norms": {str(p): float(v) for p, v in zip(pids, step.norms, strict=True)},
             "direction_norm": step.direction_norm,
             "global_lr": eta,
         }
-        metrics = _mean_metrics([r.content for r in replies])
+        metrics = mean_of_metric_records(stream.metrics)
         metrics["direction_norm"] = step.direction_norm
         metrics["global_lr"] = eta
         metrics["lambda_max"] = float(step.lam.max())
-        return numpy_to_arrays(keys, step.arrays), metrics
+        return numpy_to_arrays(stream.keys, step.arrays), metrics
 
     # ------------------------------------------------------------------ one round
     def train_round(
         self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """``train.sgd`` → server step; then, when tracked, ``query.loss`` at w_{t+1} (and w_t)."""
+        """``train.sgd``, the server step built as replies arrive; then, when tracked, ``query.loss``.
+
+        Each pulled batch of valid replies is added to a :class:`ReplyStream` at once
+        (update, ‖g_i‖ and Gram rows), so after the last reply only its Gram row, the
+        solve and the combination remain; ``server_step_s`` in the round record is that
+        time (from the start of the last batch's work to the new model).
+        """
         messages = list(self.configure_train(server_round, arrays, ConfigRecord(dict(config)), grid))
-        replies = self.communicate(grid, messages, phase="train", reference=arrays, required_metrics=("train_loss",)
-                                   if self.track_improvement and self.improvement_before == "train-loss" else ())
-        if not replies:
+        self._extras = {}
+        replies, new_arrays, metrics = self._stream_round(server_round, grid, arrays, messages)
+        if new_arrays is None or metrics is None:
             log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
-            self._extras = {}
             return arrays, None
-        new_arrays, metrics = self.aggregate_train(server_round, replies)
-        if new_arrays is None:
-            return arrays, metrics
         if self.track_improvement:
             frac = self._track(grid, server_round, arrays, new_arrays, config, replies)
-            if frac is not None and metrics is not None:
+            if frac is not None:
                 metrics["improved_fraction"] = frac
         return new_arrays, metrics
+
+    def _stream_round(
+        self, server_round: int, grid: Grid, arrays: ArrayRecord, messages: list[Message]
+    ) -> tuple[list[Message], ArrayRecord | None, MetricRecord | None]:
+        """Send ``messages``, add each batch of valid replies to a stream as it arrives, then step."""
+        if not messages:
+            return [], None, None
+        stream = self.start_stream(arrays, len(messages))
+        last = [0.0]
+
+        def on_replies(batch: list[Message]) -> None:
+            last[0] = time.perf_counter()
+            stream.add(batch)
+
+        required = ("train_loss",) if self.track_improvement and self.improvement_before == "train-loss" else ()
+        replies = self.communicate_stream(grid, messages, on_replies, phase="train", reference=arrays,
+                                          required_metrics=required)
+        if not replies:
+            return [], None, None
+        new_arrays, metrics = self.finish_stream(server_round, stream)
+        self._extras["server_step_s"] = round(time.perf_counter() - last[0], 6)
+        return replies, new_arrays, metrics
 
     def _losses(self, grid: Grid, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                 server_round: int, phase: str) -> dict[int, float]:

@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.apps.server_app import client_config, initial_arrays
+from flowerdro.core.mgda import min_norm_weights
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.base import FairStrategy
@@ -116,3 +117,82 @@ def test_vanilla_fedmgda_and_mgda_prox_run_and_failures_are_dropped(synth_rc):
                                       "improvement-before": "query"}, n=3, rounds=2)
     assert all(0.0 <= r["improved_fraction"] <= 1.0 for r in prox.history)
     assert np.all(np.isfinite(_flat(arrays)))
+
+
+def test_inprocess_grid_pull_answers_each_message_once_in_push_order(synth_rc):
+    grid = InProcessGrid(client_app, 4, synth_rc, faults={1: Fault("timeout")}, replies_per_pull=1)
+    init = initial_arrays(grid, synth_rc, 60)
+    cfg = client_config(synth_rc)
+    cfg["server-round"] = 1
+    msgs = [Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=n, message_type="train.sgd")
+            for n in grid.node_ids]
+    calls = grid.calls
+    ids = list(grid.push_messages(msgs))
+    assert ids == [m.metadata.message_id for m in msgs] and len(set(ids)) == 4
+    assert grid.calls == calls  # pushing runs nothing
+    got = []
+    for _ in range(6):
+        got.append([r.metadata.reply_to_message_id for r in grid.pull_messages(ids)])
+    # one reply per pull, in push order; partition 1 never answers; nothing comes twice
+    assert got == [[ids[0]], [ids[2]], [ids[3]], [], [], []]
+    assert list(grid.pull_messages(["no-such-id"])) == []
+
+
+def _one_round(rc: dict, n: int, per_pull: int | None, faults: dict | None = None) -> tuple[FairStrategy, ArrayRecord]:
+    grid = InProcessGrid(client_app, n, rc, faults=faults or {}, replies_per_pull=per_pull)
+    strategy = build_strategy("fedmgda+", rc)
+    strategy.pull_interval = 0.001
+    init = initial_arrays(grid, rc, 60)
+    res = strategy.start(grid, init, num_rounds=2, timeout=60, train_config=client_config(rc))
+    return strategy, res.arrays
+
+
+def test_replies_one_by_one_give_the_same_rounds_as_all_at_once(synth_rc):
+    # float32 model: the streamed Gram rows and the one-block Gram differ only in float32
+    # summation order, so λ and the model agree to float32 rounding
+    rc = {**synth_rc, "eps": 0.3, "global-lr": 0.5, "fraction-evaluate": 0.0}
+    one, w_one = _one_round(rc, 5, 1)
+    block, w_block = _one_round(rc, 5, None)
+    for a, b in zip(one.history, block.history, strict=True):
+        assert sorted(a["lambda"]) == sorted(b["lambda"]) == ["0", "1", "2", "3", "4"]
+        np.testing.assert_allclose([a["lambda"][k] for k in sorted(a["lambda"])],
+                                   [b["lambda"][k] for k in sorted(b["lambda"])], atol=1e-6)
+        assert a["server_step_s"] >= 0.0
+    np.testing.assert_allclose(_flat(w_one), _flat(w_block), rtol=0, atol=1e-6)
+
+
+def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(synth_rc):
+    # Partition 2 of 5 raises in round 1 while the others' replies stream in one by one.
+    rc = {**synth_rc, "eps": 0.2, "global-lr": 0.5, "fraction-evaluate": 0.0}
+    faults = {2: Fault("raise", message_types=("train",), rounds=(1,))}
+    grid = InProcessGrid(client_app, 5, rc, faults=faults, replies_per_pull=1)
+    pulls: list[int] = []
+    pull = grid.pull_messages
+
+    def spy(ids):
+        out = list(pull(ids))
+        pulls.append(len(out))
+        return out
+
+    grid.pull_messages = spy  # type: ignore[method-assign]
+    strategy = build_strategy("fedmgda+", rc)
+    strategy.pull_interval = 0.001
+    init = initial_arrays(grid, rc, 60)
+    res = strategy.start(grid, init, num_rounds=1, timeout=60, train_config=client_config(rc))
+    rec = strategy.history[0]
+    assert rec["failures"] == {"train:error": 1}
+    assert sorted(rec["lambda"]) == ["0", "1", "3", "4"]
+    assert pulls[:5] == [1, 1, 1, 1, 1]  # the replies (and the error) really arrived one pull at a time
+    # by hand, in float64, from the same clients' replies
+    fresh = InProcessGrid(client_app, 5, rc)
+    cfg = strategy.train_config(client_config(rc), 1)
+    w = _flat(init).astype(np.float64)
+    gs = []
+    for k in (0, 1, 3, 4):
+        msg = Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=fresh.node_ids[k],
+                      message_type="train.sgd")
+        gs.append(w - _flat(fresh.send_and_receive([msg])[0].content["arrays"]))
+    U = np.stack([g / np.linalg.norm(g) for g in gs])
+    lam = min_norm_weights(U @ U.T, eps=0.2)
+    np.testing.assert_allclose([rec["lambda"][k] for k in ("0", "1", "3", "4")], lam, atol=1e-5)
+    np.testing.assert_allclose(_flat(res.arrays), w - 0.5 * lam @ U, rtol=0, atol=1e-6)

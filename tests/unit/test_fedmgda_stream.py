@@ -1,0 +1,339 @@
+"""The FedMGDA+ step built as replies arrive: against a float64 batch computation, and the
+streaming message loop (``FairStrategy.communicate_stream``) on a scripted grid."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from flowerdro.core.mgda import min_norm_weights
+from flowerdro.experiments.inprocess import ensure_task_identity
+from flowerdro.strategies.base import FairStrategy, array_view, record_bytes
+from flowerdro.strategies.fedmgda import (
+    GRAM_BLOCK,
+    FedMGDA,
+    StreamingServerStep,
+    fedmgda_server_step,
+)
+
+SHAPES = [(200, 300), (10_000,), (7,)]  # 70 007 floats: more than one column block of the Gram products
+
+
+def _model(rng: np.random.Generator, dtype=np.float32) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(dtype) for s in SHAPES] + [np.array(5, dtype=np.int64)]
+
+
+def _locals(rng: np.random.Generator, w: list[np.ndarray], m: int) -> list[list[np.ndarray]]:
+    # updates of very different norms, some nearly parallel (a realistic, ill-conditioned G)
+    base = [rng.standard_normal(a.shape) for a in w[:-1]]
+    out = []
+    for i in range(m):
+        scale = 10.0 ** rng.uniform(-3, 1)
+        mix = 0.9 if i % 3 == 0 else 0.0
+        g = [scale * (mix * b + (1 - mix) * rng.standard_normal(a.shape)) for a, b in zip(w[:-1], base, strict=True)]
+        out.append([(a - u).astype(a.dtype) for a, u in zip(w[:-1], g, strict=True)] + [np.array(i, np.int64)])
+    return out
+
+
+def _reference(w, locs, eps, normalize=True, eta=0.7):
+    """The whole step in float64 numpy, computed from scratch (no code shared with the stream)."""
+    X = np.stack([np.concatenate([(np.float64(a) - b).ravel() for a, b in zip(w[:-1], loc[:-1], strict=True)])
+                  for loc in locs])
+    norms = np.linalg.norm(X, axis=1)
+    U = X / norms[:, None] if normalize else X
+    G = U @ U.T
+    lam = min_norm_weights(G, eps=eps)
+    new = np.concatenate([a.ravel() for a in w[:-1]]).astype(np.float64) - eta * (lam @ U)
+    return X @ X.T, norms, lam, new
+
+
+def _flat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([a.ravel().astype(np.float64) for a in arrays[:-1]])
+
+
+@pytest.mark.parametrize("eps,normalize", [(0.1, True), (1.0, True), (None, False), (0.0, True)])
+def test_streamed_step_matches_float64_batch_computation(eps, normalize):
+    # Prepare
+    rng = np.random.default_rng(11)
+    w = _model(rng)
+    locs = _locals(rng, w, 12)
+    G64, norms64, lam64, new64 = _reference(w, locs, eps, normalize)
+    # Execute: replies arrive one by one, then in uneven blocks (3, 1, 5, 3)
+    one = StreamingServerStep(w, 12, normalize=normalize, device="cpu")
+    for loc in locs:
+        one.add([loc])
+    blocks = StreamingServerStep(w, 12, normalize=normalize, device="cpu")
+    for a, b in ((0, 3), (3, 4), (4, 9), (9, 12)):
+        blocks.add(locs[a:b])
+    assert GRAM_BLOCK < w[0].size + w[1].size  # the products really run over several column blocks
+    step1 = one.finish(eps=eps, global_lr=0.7)
+    step2 = blocks.finish(eps=eps, global_lr=0.7)
+    batch = fedmgda_server_step(w, locs, eps=eps, global_lr=0.7, normalize=normalize, device="cpu")
+    # Assert: float32 rounding of the updates (≈6e-8 relative) is all that separates them
+    top = np.diag(G64).max()
+    for s in (one, blocks):
+        np.testing.assert_allclose(s.gram, G64, rtol=0, atol=2e-6 * top)
+        np.testing.assert_array_equal(s.gram, s.gram.T)
+    for step in (step1, step2, batch):
+        np.testing.assert_allclose(step.norms, norms64, rtol=2e-6)
+        np.testing.assert_allclose(step.lam, lam64, atol=2e-5)
+        np.testing.assert_allclose(_flat(step.arrays), new64, atol=1e-5 * max(1.0, np.abs(new64).max()))
+        assert step.arrays[0].dtype == np.float32 and step.arrays[-1].dtype == np.int64
+        assert int(step.arrays[-1]) == int(np.rint(step.lam @ np.arange(12)))
+    # the stream and the batch differ only by float32 summation order
+    np.testing.assert_allclose(step1.lam, batch.lam, atol=1e-6)
+    np.testing.assert_allclose(_flat(step1.arrays), _flat(batch.arrays), atol=1e-6)
+
+
+def test_float64_model_stream_is_exact_to_float64_rounding():
+    rng = np.random.default_rng(2)
+    w = _model(rng, np.float64)
+    locs = _locals(rng, w, 6)
+    G64, norms64, lam64, new64 = _reference(w, locs, 0.3)
+    s = StreamingServerStep(w, 8, device="cpu")
+    for loc in locs:
+        s.add([loc])
+    step = s.finish(eps=0.3, global_lr=0.7)
+    assert s.precision == "float64"
+    np.testing.assert_allclose(s.gram, G64, rtol=1e-12, atol=1e-12 * np.diag(G64).max())
+    np.testing.assert_allclose(step.lam, lam64, atol=1e-9)
+    np.testing.assert_allclose(_flat(step.arrays), new64, atol=1e-10)
+
+
+def test_stream_of_zero_updates_gives_lambda0_and_no_nan():
+    rng = np.random.default_rng(3)
+    w = _model(rng)
+    s = StreamingServerStep(w, 3, device="cpu")
+    for _ in range(3):
+        s.add([[a.copy() for a in w]])
+    step = s.finish(eps=0.2, global_lr=1.0, center=np.array([0.2, 0.3, 0.5]))
+    np.testing.assert_allclose(step.lam, [0.2, 0.3, 0.5], atol=1e-12)
+    np.testing.assert_array_equal(_flat(step.arrays), _flat(w))
+    assert step.direction_norm == 0.0 and np.all(step.norms == 0.0)
+
+
+def test_stream_errors_name_the_parameter_and_add_nothing():
+    rng = np.random.default_rng(4)
+    w = _model(rng)
+    locs = _locals(rng, w, 3)
+    with pytest.raises(ValueError, match="^capacity:"):
+        StreamingServerStep(w, 0)
+    with pytest.raises(ValueError, match="^device:"):
+        StreamingServerStep(w, 2, device="tpu")
+    with pytest.raises(ValueError, match="^gram_precision:"):
+        StreamingServerStep(w, 2, gram_precision="half")
+    s = StreamingServerStep(w, 2, device="cpu")
+    with pytest.raises(ValueError, match="^local_arrays: at least one"):
+        s.finish(eps=0.1, global_lr=1.0)
+    bad = [a.reshape(-1) if k == 0 else a for k, a in enumerate(locs[0])]
+    with pytest.raises(ValueError, match=r"^local_arrays: array 0 of participant 0 has shape"):
+        s.add([bad])
+    with pytest.raises(ValueError, match="^local_arrays: participant 0 has 2 arrays"):
+        s.add([locs[0][:2]])
+    assert s.count == 0
+    s.add([locs[0]])
+    with pytest.raises(ValueError, match="^local_arrays: 3 participants exceed the capacity 2"):
+        s.add(locs[1:3])
+    nan = [a.copy() for a in locs[1]]
+    nan[1][3] = np.nan
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        s.add([nan])
+    assert s.count == 1
+
+
+# --------------------------------------------------------------------------- communicate_stream
+def _arrays(v: float, n: int = 3) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.full(n, v, dtype=np.float64))})
+
+
+class PullScriptGrid(Grid):
+    """Nodes 1..k; ``schedule[p]`` lists what the p-th pull returns: (node, kind) with kind
+    ``ok``, ``error``, ``nan``, ``shape``, ``nan-metric`` or ``again`` (a second reply)."""
+
+    def __init__(self, num_nodes: int, schedule: list[list[tuple[int, str]]], unpushable: Iterable[int] = ()):
+        ensure_task_identity()
+        self.ids = list(range(1, num_nodes + 1))
+        self.schedule, self.unpushable = list(schedule), set(unpushable)
+        self.sent: dict[int, Message] = {}
+        self.pulls: list[int] = []  # replies returned per pull
+
+    def set_run(self, run):  # noqa: D102
+        pass
+
+    @property
+    def run(self):  # noqa: D102
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return list(self.ids)
+
+    def push_messages(self, messages):  # noqa: D102
+        out = []
+        for msg in messages:
+            nid = int(msg.metadata.dst_node_id)
+            msg.metadata._message_id = f"x{nid}"
+            self.sent[nid] = msg
+            out.append(None if nid in self.unpushable else f"x{nid}")
+        return out
+
+    def pull_messages(self, message_ids):  # noqa: D102
+        wanted = set(message_ids)
+        step = self.schedule.pop(0) if self.schedule else []
+        out = []
+        for nid, kind in step:
+            msg = self.sent[nid]
+            if kind != "again" and msg.metadata.message_id not in wanted:
+                continue
+            out.append(self._reply(msg, nid, kind))
+        self.pulls.append(len(out))
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+        raise AssertionError("the streaming loop must not call send_and_receive")
+
+    @staticmethod
+    def _reply(msg: Message, nid: int, kind: str) -> Message:
+        if kind == "error":
+            return Message(error=Error(code=1, reason="client crashed"), reply_to=msg)
+        arrays = {"nan": _arrays(np.nan), "shape": _arrays(1.0, 4)}.get(kind, _arrays(float(nid)))
+        v = float("nan") if kind == "nan-metric" else 0.5
+        metrics = MetricRecord({"num-examples": 10, "partition-id": nid - 1, "train_loss": v})
+        return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+def _messages(grid: PullScriptGrid) -> list[Message]:
+    content = RecordDict({"arrays": _arrays(0.0)})
+    return FairStrategy.build_messages(grid.ids, content, "train.sgd")
+
+
+def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
+    # Prepare: 8 nodes; pull 1 brings node 1, pull 2 nothing, pull 3 nodes 2 (error) and 3,
+    # pull 4 node 4 with NaN arrays, node 5 with a wrong shape, node 3 again, pull 5 node 6
+    # with a NaN metric; node 7 never answers, node 8 cannot be pushed.
+    schedule = [[(1, "ok")], [], [(2, "error"), (3, "ok")], [(4, "nan"), (5, "shape"), (3, "again")],
+                [(6, "nan-metric")]]
+    grid = PullScriptGrid(8, schedule, unpushable=[8])
+    s = FairStrategy()
+    s.timeout, s.pull_interval = 0.4, 0.01
+    batches: list[list[int]] = []
+    # Execute
+    t0 = time.monotonic()
+    valid = s.communicate_stream(grid, _messages(grid), lambda b: batches.append(
+        [int(r.metadata.src_node_id) for r in b]), phase="train", reference=_arrays(0.0),
+        required_metrics=("train_loss",))
+    waited = time.monotonic() - t0
+    # Assert: valid replies in arrival order, one on_replies call per pull that brought one
+    assert [int(r.metadata.src_node_id) for r in valid] == [1, 3]
+    assert batches == [[1], [3]]
+    kinds = {(f.node_id, f.kind) for f in s.failures}
+    assert kinds == {(8, "error"), (2, "error"), (4, "nonfinite"), (5, "bad-arrays"), (6, "nonfinite"),
+                     (7, "timeout")}
+    assert all(f.phase == "train" for f in s.failures)
+    assert 0.4 <= waited < 3.0  # waited for node 7 until the round timeout, not longer
+    # as in communicate: every message counts as sent, every reply that is not an error as received
+    assert s._bytes[0] == 8 * record_bytes(_messages(grid)[0].content)
+    received = [_arrays(1.0), _arrays(3.0), _arrays(np.nan), _arrays(1.0, 4), _arrays(6.0)]
+    assert s._bytes[1] == sum(record_bytes(RecordDict({"a": a})) for a in received)
+
+
+def test_communicate_stream_stops_pulling_when_everyone_answered():
+    grid = PullScriptGrid(3, [[(2, "ok")], [(1, "ok"), (3, "ok")], [(1, "again")]])
+    s = FairStrategy()
+    s.pull_interval = 0.01
+    batches = []
+    valid = s.communicate_stream(grid, _messages(grid), batches.append, phase="train")
+    assert [len(b) for b in batches] == [1, 2] and len(valid) == 3
+    assert grid.pulls == [1, 2]  # no third pull
+    assert s.failures == []
+
+
+def test_communicate_stream_falls_back_to_send_and_receive():
+    class OldGrid(PullScriptGrid):
+        def push_messages(self, messages):  # noqa: D102
+            raise NotImplementedError
+
+        def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+            out = []
+            for m in messages:
+                m.metadata._message_id = f"y{m.metadata.dst_node_id}"
+                out.append(self._reply(m, int(m.metadata.dst_node_id), "ok"))
+            return out[1:]  # node 1 never answers
+
+    grid = OldGrid(3, [])
+    s = FairStrategy()
+    batches = []
+    valid = s.communicate_stream(grid, _messages(grid), batches.append, phase="train")
+    assert [len(b) for b in batches] == [2] and len(valid) == 2
+    assert [(f.node_id, f.kind) for f in s.failures] == [(1, "timeout")]
+
+
+def test_fedmgda_streamed_round_on_scripted_grid_equals_batch_aggregation():
+    # Prepare: 4 nodes answer one per pull, node 3 with an error
+    schedule = [[(2, "ok")], [(3, "error")], [(1, "ok")], [(4, "ok")]]
+    grid = PullScriptGrid(4, schedule)
+    s = FedMGDA(eps=0.5, global_lr=0.4)
+    s.pull_interval = 0.01
+    arrays = ArrayRecord({"w": Array(np.array([0.0, 0.0, 1.0]))})
+    # Execute
+    new, metrics = s.train_round(1, grid, arrays, ConfigRecord({"lr": 0.1}))
+    # Assert: updates g_i = -(i, i, i-1) from nodes 2, 1, 4 (node i replies w = i·1)
+    assert set(s.round_extras()["lambda"]) == {"0", "1", "3"}
+    assert s.failures[0].kind == "error" and s.failures[0].node_id == 3
+    assert s.round_extras()["server_step_s"] >= 0.0
+    replies = [PullScriptGrid._reply(grid.sent[n], n, "ok") for n in (2, 1, 4)]
+    b = FedMGDA(eps=0.5, global_lr=0.4)
+    b.current_arrays = arrays
+    ref, _ = b.aggregate_train(1, replies)
+    np.testing.assert_allclose(new["w"].numpy(), ref["w"].numpy(), atol=1e-15)
+    # and by hand: ĝ_i = g_i/‖g_i‖, λ from the exact QP
+    X = np.stack([np.array([0.0, 0.0, 1.0]) - n for n in (2.0, 1.0, 4.0)])
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    lam = min_norm_weights(U @ U.T, eps=0.5)
+    np.testing.assert_allclose(new["w"].numpy(), [0.0, 0.0, 1.0] - 0.4 * lam @ U, atol=1e-12)
+    assert metrics["lambda_max"] == pytest.approx(lam.max(), abs=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_stream_matches_cpu_stream():
+    rng = np.random.default_rng(7)
+    w = _model(rng)
+    locs = _locals(rng, w, 6)
+    steps = []
+    for device in ("cpu", "cuda"):
+        s = StreamingServerStep(w, 6, device=device)
+        for loc in locs:
+            s.add([loc])
+        steps.append(s.finish(eps=0.1, global_lr=0.7))
+    np.testing.assert_allclose(steps[1].lam, steps[0].lam, atol=1e-6)
+    np.testing.assert_allclose(_flat(steps[1].arrays), _flat(steps[0].arrays), atol=1e-6)
+
+
+def test_cuda_device_without_gpu_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="^device: 'cuda'"):
+        StreamingServerStep([np.zeros(3, np.float32)], 2, device="cuda")
+    # "auto" falls back to the CPU
+    assert StreamingServerStep([np.zeros(3, np.float32)], 2).device == "cpu"
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.array(2.5), np.zeros((0, 3), np.float16),
+    np.array([1, -2, 3], dtype=">i8"), np.array([True, False]), np.arange(6.0).reshape(2, 3).T,  # Fortran order
+    np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+])
+def test_array_view_equals_array_numpy(value):
+    arr = Array(value)
+    view, ref = array_view(arr), arr.numpy()
+    assert view.dtype == ref.dtype and view.shape == ref.shape
+    np.testing.assert_array_equal(view, ref)
+    np.testing.assert_array_equal(view, value)
