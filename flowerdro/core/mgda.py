@@ -16,11 +16,12 @@ unrestricted MGDA step):
 and the global model moves by x ← x − η_t d with the decaying rate of :func:`fedmgda_lr`.
 
 The quadratic programme is solved *exactly* (up to floating-point rounding) by
-:func:`min_norm_weights`: a primal-dual active-set pass proposes the optimal face, a
-primal active-set method (finite for convex QPs) repairs the proposal when it is wrong,
-and a KKT check certifies the answer. Singular Gram matrices (duplicated, zero or exactly
-opposite updates, rank-deficient sets with m > d) are handled by a minimum-norm
-least-squares solve of the (consistent) face KKT system.
+:func:`min_norm_weights`: a primal-dual active-set pass (a few Cholesky solves) settles
+well-conditioned and duplicated problems; otherwise an inertia-controlling primal
+active-set method, which only ever factorises affinely independent faces and steps along
+zero-curvature directions to the next bound, finishes from a vertex; a KKT check
+certifies the answer. Singular Gram matrices (duplicated, zero or exactly opposite
+updates, rank-deficient sets with m > d) need no regularisation.
 
 This module is framework-free: numpy and scipy, torch only as an optional matmul backend.
 """
@@ -48,17 +49,14 @@ Updates = Sequence[Update] | np.ndarray
 
 # Tolerances on the *scaled* problem (G / max_i G_ii, so every |G_ij| ≤ 1 and every
 # gradient entry (Gλ)_i has modulus ≤ 1 on the simplex).
-_TOL_X = 1e-15  # a free coordinate this close to a bound (moving to it) is on the bound
-_TOL_P = 1e-13  # a face step this small (∞-norm) is no step
-_TOL_MULT = 2e-15  # a bound multiplier below −_TOL_MULT is a violation (≈ 10 ulp of g)
-_TOL_CURV = 1e-14  # reduced-Hessian eigenvalues below this (per coordinate) are zero
+_TOL_MULT = 1e-14  # a bound multiplier of the wrong sign by more than this is a violation
+_TOL_RANK = 1e-10  # pivoted Cholesky: Schur pivots of Ĥ below this are affinely dependent
+_TOL_CURV = 1e-14  # curvature along a freeing direction d below this·(1+‖d‖₁)² is zero
+_TOL_SAFE = 1e-14  # safe face steps: Schur pivots of Ĥ below this are affinely dependent
 _TOL_KKT = 1e-9  # final certificate (scaled units); larger means a genuine failure
-_RCOND_MIN = 1e-10  # below this reciprocal condition number the face KKT is singular
-_DELTA = 1e-8  # Tikhonov shift of singular face systems (scaled units)
-_TIKHONOV_ITERS = 25
-_EPS = float(np.finfo(np.float64).eps)
-_BIG_STEP = 1e6  # length of a zero-curvature descent ray (the ratio test cuts it)
-_PDAS_MAX_ITER = 40
+_PDAS_MAX_ITER = 7
+_PDAS_MAX_DEPENDENT = 0.75  # PDAS leaves faces with more dependent coordinates to _active_set
+_REFINE_MAX = 3  # extra Newton steps on one face (iterative refinement) when g_F is not flat
 
 
 # ---------------------------------------------------------------------------------------
@@ -70,17 +68,22 @@ def _validate_gram(gram: np.ndarray) -> np.ndarray:
         raise ValueError(f"gram: must be a non-empty square 2-D array, got shape {G.shape}")
     if not np.issubdtype(G.dtype, np.number) or np.iscomplexobj(G):
         raise ValueError(f"gram: must be a real numeric array, got dtype {G.dtype}")
-    G = G.astype(np.float64, copy=True)
-    if not np.all(np.isfinite(G)):
+    G = G.astype(np.float64, copy=False)
+    if not np.isfinite(G).all():
         raise ValueError("gram: all entries must be finite (no NaN or inf)")
-    amax = float(np.max(np.abs(G)))
-    asym = float(np.max(np.abs(G - G.T)))
+    amax = float(abs(G).max())
+    D = G - G.T
+    asym = float(abs(D).max())
     if asym > 1e-8 * max(amax, 1e-300):
         raise ValueError(
             f"gram: must be symmetric, max |G - G^T| = {asym:.3e} exceeds 1e-8 * max |G|"
         )
-    G = 0.5 * (G + G.T)
-    dmin = float(np.min(np.diag(G)))
+    if asym > 0.0:
+        G = G + G.T
+        G *= 0.5
+    else:
+        G = G.copy()
+    dmin = float(G.diagonal().min())
     if dmin < -1e-10 * max(amax, 1e-300):
         raise ValueError(
             f"gram: must be positive semi-definite, found diagonal entry {dmin:.3e} < 0"
@@ -117,150 +120,420 @@ def _validate_eps(eps: float | None) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------
-# linear algebra on one face
-# ---------------------------------------------------------------------------------------
-def _bordered(H: np.ndarray, delta: float = 0.0) -> np.ndarray:
-    f = H.shape[0]
-    K = np.empty((f + 1, f + 1))
-    K[:f, :f] = H
-    if delta:
-        K[np.arange(f), np.arange(f)] += delta
-    K[:f, f] = 1.0
-    K[f, :f] = 1.0
-    K[f, f] = 0.0
-    return K
-
-
-def _face_solve(
-    H: np.ndarray, b: np.ndarray, r: float, exact_only: bool = False
-) -> tuple[np.ndarray, float, bool]:
-    """Solve the bordered KKT system ``[[H, 1], [1ᵀ, 0]] [z; ν] = [b; r]`` with H PSD.
-
-    The system is consistent whenever the face problem is bounded below, which always
-    holds here (λᵀGλ ≥ 0). Well-conditioned systems (reciprocal condition number ≥
-    ``_RCOND_MIN``) go through one LU. Singular ones use iterated Tikhonov regularisation
-    (proximal-point iterations with one LU of ``H + δI``),
-
-        [[H + δI, 1], [1ᵀ, 0]] [z_{k+1}; ν] = [b + δ z_k; r],   z_0 = 0,
-
-    whose fixed points are exactly the KKT solutions and which converges, for a consistent
-    system, to the solution nearest z_0 = 0 (the minimum-norm one) at the rate
-    δ/(δ + σ) of the smallest non-zero eigenvalue σ. Returns (z, ν, converged); with
-    ``converged`` False the last iterate is returned, or (``exact_only``) nothing useful.
-    """
-    f = H.shape[0]
-    rhs = np.empty(f + 1)
-    rhs[:f] = b
-    rhs[f] = r
-    K = _bordered(H)
-    anorm = float(np.max(np.sum(np.abs(K), axis=0)))
-    lu, piv, info = lapack.dgetrf(K)
-    if info == 0:
-        rcond, info2 = lapack.dgecon(lu, anorm, norm="1")
-        if info2 == 0 and rcond >= _RCOND_MIN:
-            sol, info3 = lapack.dgetrs(lu, piv, rhs)
-            if info3 == 0 and np.all(np.isfinite(sol)):
-                return sol[:f], float(sol[f]), True
-    delta = _DELTA
-    lu, piv, info = lapack.dgetrf(_bordered(H, delta))
-    z = np.zeros(f)
-    nu = 0.0
-    bscale = float(np.max(np.abs(b), initial=0.0)) + abs(r)
-    for _ in range(_TIKHONOV_ITERS):
-        rhs[:f] = b + delta * z
-        sol, _info = lapack.dgetrs(lu, piv, rhs)
-        z, nu = sol[:f], float(sol[f])
-        res = float(np.max(np.abs(H @ z + nu - b)))
-        tol = 8.0 * _EPS * (bscale + float(np.max(np.abs(z))) * (1.0 + f**0.5) + abs(nu))
-        if res <= tol:
-            return z, nu, True
-    return z, nu, False
-
-
-def _face_step(H: np.ndarray, gF: np.ndarray) -> np.ndarray:
-    """Step of the primal active-set method on one face: argmin_p (x+p)ᵀG(x+p), Σp = 0.
-
-    With gF = (Gx)_F and H = G_FF the step solves [[H, 1], [1ᵀ, 0]] [p; ν] = [−gF; 0].
-    :func:`_face_solve` handles it when it can certify a solution (residual at rounding
-    level). Otherwise (eigenvalues far below δ that carry slope) the problem is written in
-    an orthonormal basis Z of {Σp = 0} (a Householder reflector) and diagonalised,
-    ZᵀHZ = QΛQᵀ, q = QᵀZᵀgF:
-
-    * λ_k > tol: the exact Newton component y_k = −q_k/λ_k (possibly very long: the ratio
-      test cuts it at the first bound, which is then exactly right);
-    * λ_k ≤ tol and |q_k| > tol: a zero-curvature descent ray y_k = −sign(q_k)·BIG,
-      along which the objective decreases linearly until a bound blocks;
-    * λ_k ≤ tol and q_k ≈ 0: a flat direction, y_k = 0 (minimum-norm choice).
-
-    This is exact for PSD H: it never truncates a direction that carries slope.
-    """
-    f = H.shape[0]
-    p, _nu, ok = _face_solve(H, -gF, 0.0)
-    if ok:
-        return p
-    # Householder basis of 1^⊥: reflector R maps 1/√f to e_1; Z = columns 2..f of R.
-    v = np.full(f, 1.0 / math.sqrt(f))
-    v[0] += 1.0
-    R = np.eye(f) - np.outer(v, v) / v[0]
-    Z = R[:, 1:]
-    Hr = Z.T @ H @ Z
-    lam, Q = np.linalg.eigh(0.5 * (Hr + Hr.T))
-    q = Q.T @ (Z.T @ gF)
-    tol_q = _TOL_MULT * math.sqrt(f)
-    y = np.zeros(f - 1)
-    pos = lam > _TOL_CURV * f
-    y[pos] = -q[pos] / lam[pos]
-    ray = ~pos & (np.abs(q) > tol_q)
-    y[ray] = -np.sign(q[ray]) * _BIG_STEP
-    return Z @ (Q @ y)
-
-
-def _project_box_simplex(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Euclidean projection onto ``{x : lo ≤ x ≤ hi, Σx = 1}`` (assumed non-empty).
-
-    x = clip(y − τ, lo, hi) with τ the root of the non-increasing piecewise-linear
-    φ(τ) = Σ clip(y_i − τ, lo_i, hi_i) − 1, found by binary search over the breakpoints
-    and one linear solve on the bracketing piece.
-    """
-    bps = np.concatenate([y - lo, y[np.isfinite(hi)] - hi[np.isfinite(hi)]])
-    bps = np.unique(bps)
-
-    def phi(t: float) -> float:
-        return float(np.clip(y - t, lo, hi).sum()) - 1.0
-
-    # φ(−∞) = Σhi − 1 ≥ 0 (or +∞), φ(+∞) = Σlo − 1 ≤ 0: find adjacent breakpoints.
-    a, b = 0, bps.size - 1
-    if phi(bps[b]) > 0.0:  # root beyond the last breakpoint: φ constant = Σlo − 1 there
-        tau = float(bps[b])
-    elif phi(bps[a]) < 0.0:  # root before the first breakpoint (only with hi = +inf)
-        free = ~np.isfinite(hi)
-        tau = float(bps[a] + phi(bps[a]) / max(int(free.sum()), 1))
-    else:
-        while b - a > 1:
-            mid = (a + b) // 2
-            if phi(bps[mid]) >= 0.0:
-                a = mid
-            else:
-                b = mid
-        ta, tb = float(bps[a]), float(bps[b])
-        pa, pb = phi(ta), phi(tb)
-        tau = ta if pa == pb else ta + pa * (tb - ta) / (pa - pb)
-    x = np.clip(y - tau, lo, hi)
-    return x
-
-
-# ---------------------------------------------------------------------------------------
 # the QP solver
 # ---------------------------------------------------------------------------------------
-def _set_bounds(x: np.ndarray, state: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    at_lo = state < 0
-    at_hi = state > 0
-    x[at_lo] = lo[at_lo]
-    x[at_hi] = hi[at_hi]
+# Notation (scaled problem): H = G / max_i G_ii, so |H_ij| ≤ 1; g = Hx; on the feasible set
+# {Σx = 1} the objective xᵀHx equals xᵀĤx − 1 with Ĥ = H + 11ᵀ, and Ĥ_FF is positive
+# definite exactly when the reduced Hessian of the face F (Zᵀ H_FF Z, Z a basis of 1^⊥) is,
+# i.e. when the points of F are affinely independent. Ĥ_FF is what gets factorised.
+# state_i: −1 at the lower bound, +1 at the upper bound, 0 free.
+
+
+def _face_factor(
+    Hh: np.ndarray, fi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cholesky of Ĥ_FF: (L, independent indices in factor order, dependent indices).
+
+    Plain ``dpotrf`` first; if it fails or a pivot L_ii² is below ``_TOL_RANK`` (relative),
+    pivoted ``dpstrf``, which stops when the largest remaining pivot is below
+    ``_TOL_RANK``; its leading block is the Cholesky factor of Ĥ on the independent indices.
+    """
+    A = Hh.take(fi, 0).take(fi, 1).T  # symmetric: the transpose is the Fortran-order copy
+    c, info = lapack.dpotrf(A, lower=1, clean=0)
+    if info == 0:
+        d = c.diagonal()
+        if float(d.min()) ** 2 > _TOL_RANK * float(d.max()) ** 2:
+            return c, fi, fi[:0]
+    c, piv, k, _info = lapack.dpstrf(A, tol=_TOL_RANK, lower=1)
+    piv = piv[: fi.size] - 1
+    return c[:k, :k], fi.take(piv[:k]), fi.take(piv[k:])
+
+
+def _pdas(
+    H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Primal-dual active-set (semismooth Newton) pass: a fast guess of the optimal face.
+
+    Each iteration fixes the coordinates of the current lower/upper sets at their bounds,
+    minimises λᵀHλ exactly over the remaining affine face (one Cholesky factorisation of
+    Ĥ_FF), then moves every free coordinate that left the box onto its bound and frees
+    every bound coordinate with a wrong-signed multiplier. Free coordinates that are
+    affinely dependent on the others (found by the pivoted factorisation) are parked at
+    their previous values inside the box (the centre c at first): the face minimum is
+    reached without them, and at it their gradients equal the others'. Converged when the
+    sets repeat. Not guaranteed in general, so it gives up on a repeated state, on a
+    singular face without progress, on a face of rank below a quarter of its size (low
+    rank: :func:`_active_set` needs about rank + 1 steps there) and after
+    ``_PDAS_MAX_ITER`` iterations; the caller verifies any answer.
+    """
+    m = H.shape[0]
+    state = np.zeros(m)
+    x = c.copy()
+    seen: set[bytes] = set()
+    prev = m + 1
+    for _ in range(_PDAS_MAX_ITER):
+        key = state.tobytes()
+        if key in seen:
+            break
+        seen.add(key)
+        fi = (state == 0).nonzero()[0]
+        if fi.size == 0:
+            break
+        L, fi, dep = _face_factor(Hh, fi)
+        if dep.size > _PDAS_MAX_DEPENDENT * (fi.size + dep.size):
+            break  # low rank: the exact method needs only about rank + 1 steps
+        park = x.take(dep).clip(lo.take(dep), hi.take(dep)) if dep.size else None
+        x = np.where(state < 0.0, lo, 0.0)
+        at_hi = state > 0.0
+        if at_hi.any():
+            x[at_hi] = hi[at_hi]
+        if park is not None:
+            x[dep] = park
+        rhs = np.ones((fi.size, 2), order="F")
+        rhs[:, 0] = H.take(fi, 0) @ x  # x is zero on F here: this is H_FB x_B
+        r = 1.0 - float(x.sum())
+        sol, _info = lapack.dpotrs(L, rhs, lower=1)
+        y, z = sol[:, 0], sol[:, 1]
+        x[fi] = ((float(y.sum()) + r) / float(z.sum())) * z - y
+        s = H @ x
+        s -= float(s.take(fi).sum()) / fi.size
+        # bound coordinates with a wrong-signed multiplier (state·s > 0) are freed, free
+        # ones outside the box go to the bound they crossed (bound ones sit on theirs)
+        new = np.where(state * s > _TOL_MULT, 0.0, state)
+        new[x < lo] = -1.0
+        new[x > hi] = 1.0
+        changes = int((new != state).sum())
+        if changes == 0:
+            return x, state, True
+        if dep.size and changes >= prev:
+            break  # a singular face and no progress: leave it to the exact method
+        prev = changes
+        state = new
+    return x, state, False
+
+
+def _lmo_vertex(g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A vertex minimising gᵀλ over {lo ≤ λ ≤ hi, Σλ = 1}: fill the smallest g_i first.
+
+    Starting from λ = lo, the remaining mass 1 − Σlo goes to the coordinates in increasing
+    order of g (stable sort, so ties go to the smaller index), each up to its upper bound;
+    the coordinate that takes the last piece is the one free coordinate of the vertex.
+    """
+    m = g.size
+    x = lo.copy()
+    state = np.full(m, -1.0)
+    rest = 1.0 - float(lo.sum())
+    order = np.argsort(g, kind="stable")
+    csum = np.cumsum((hi - lo)[order])
+    k = min(int(np.searchsorted(csum, rest, side="left")), m - 1)
+    full = order[:k]
+    x[full] = hi[full]
+    state[full] = 1
+    j = int(order[k])
+    x[j] = min(lo[j] + (rest - (float(csum[k - 1]) if k else 0.0)), hi[j])
+    state[j] = 0
+    return x, state
+
+
+class _Face:
+    """Inverse of the bordered face matrix K_F = [[0, 1ᵀ], [1, H_FF]] for the free list F.
+
+    K_F is non-singular exactly when the points of F are affinely independent. Its inverse
+    is kept in a preallocated buffer (border first, then F in list order) and updated as
+    coordinates enter and leave: adding j borders it with the Schur complement
+    κ = H_jj − k_jᵀ K_F⁻¹ k_j, k_j = (1, H_Fj); removing the coordinate in position k is
+    the rank-one downdate K⁻¹ − K⁻¹_{:q} K⁻¹_{q:}/K⁻¹_qq (q = k + 1) followed by moving the
+    last position into q. Both are O(|F|²).
+    """
+
+    def __init__(self, H: np.ndarray, fi: np.ndarray) -> None:
+        m = H.shape[0]
+        self.H = H
+        self.buf = np.empty((m + 1, m + 1))
+        self.idx = np.empty(m, dtype=np.intp)
+        self.f = fi.size
+        self.idx[: self.f] = fi
+        self.valid = True
+        self.refactor()
+
+    def refactor(self) -> None:
+        """Recompute K_F⁻¹ from scratch (clears the rounding the updates accumulated)."""
+        f = self.f
+        fi = self.idx[:f]
+        K = np.empty((f + 1, f + 1))
+        K[0, 0] = 0.0
+        K[0, 1:] = 1.0
+        K[1:, 0] = 1.0
+        K[1:, 1:] = self.H.take(fi, 0).take(fi, 1)
+        lu, piv, _info = lapack.dgetrf(K)
+        inv, _info = lapack.dgetri(lu, piv)
+        self.buf[: f + 1, : f + 1] = inv
+        self.valid = True
+
+    def add(self, j: int, u: np.ndarray, kappa: float) -> None:
+        """Append j, given u = K_F⁻¹ k_j and its Schur complement κ.
+
+        A κ at rounding level means the enlarged face is numerically singular: j is
+        appended but the inverse is marked invalid (the caller then takes safe steps).
+        """
+        n = self.f + 1
+        B = self.buf
+        self.idx[self.f] = j
+        if n == 1:  # F = {j}: K⁻¹ = [[−H_jj, 1], [1, 0]]
+            B[:2, :2] = ((-self.H[j, j], 1.0), (1.0, 0.0))
+            self.valid = True
+            self.f = 1
+            return
+        if not self.valid or kappa <= _TOL_CURV:
+            self.valid = False
+            self.f = n
+            return
+        w = u / kappa
+        B[:n, :n] += np.multiply.outer(u, w)
+        B[:n, n] = -w
+        B[n, :n] = -w
+        B[n, n] = 1.0 / kappa
+        self.f = n
+
+    def remove(self, k: int) -> None:
+        """Drop the coordinate in position k of F."""
+        n = self.f + 1
+        q = k + 1
+        last = n - 1
+        self.idx[k] = self.idx[last - 1]
+        self.f -= 1
+        if not self.valid or self.f == 0:
+            return
+        B = self.buf
+        col = B[:n, q].copy()
+        B[:n, :n] -= np.multiply.outer(col, col / col[q])
+        if q != last:
+            B[q, :last] = B[last, :last]
+            B[:last, q] = B[:last, last]
+            B[q, q] = B[last, last]
+
+
+def _safe_face_step(
+    Hh: np.ndarray, fi: np.ndarray, gF: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """Backward-stable face step by a fresh pivoted Cholesky factorisation of Ĥ_FF.
+
+    Returns (p, is_ray). If Ĥ_FF has full numerical rank, p is the Newton step to the face
+    minimiser, p = −Ĥ_FF⁻¹ g_F + ν Ĥ_FF⁻¹1 with Σp = 0. Otherwise a coordinate q is
+    (numerically) affinely dependent on the others, and p is the null direction
+    n = e_q − Ĥ_{F₁F₁}⁻¹ Ĥ_{F₁q} (Σn = 0, curvature nᵀHn below ``_TOL_SAFE``), oriented so
+    that gᵀn ≤ 0: moving along it changes the objective only by that curvature, and the
+    ratio test takes it to a bound, which removes the dependency.
+    """
+    c, piv, k, _info = lapack.dpstrf(Hh.take(fi, 0).take(fi, 1), tol=_TOL_SAFE, lower=1)
+    piv = piv[: fi.size] - 1
+    L = c[:k, :k]
+    if k == fi.size:
+        rhs = np.empty((k, 2))
+        rhs[:, 0] = gF[piv]
+        rhs[:, 1] = 1.0
+        sol, _info = lapack.dpotrs(L, rhs, lower=1)
+        y, z = sol[:, 0], sol[:, 1]
+        p = np.empty(k)
+        p[piv] = (float(y.sum()) / float(z.sum())) * z - y
+        return p, False
+    ind, q = piv[:k], int(piv[k])
+    w, _info = lapack.dpotrs(L, Hh[fi[ind], fi[q]], lower=1)
+    p = np.zeros(fi.size)
+    p[q] = 1.0
+    p[ind] = -w
+    if float(gF @ p) > 0.0:
+        p = -p
+    return p, True
+
+
+def _ratio_test(
+    x: np.ndarray, p: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[float, int]:
+    """Largest α ≥ 0 with lo ≤ x + αp ≤ hi, and the (first) blocking position."""
+    t = np.empty(p.size)
+    t.fill(np.inf)
+    np.divide(np.where(p < 0.0, lo, hi) - x, p, out=t, where=p != 0.0)
+    k = int(t.argmin())
+    return max(float(t[k]), 0.0), k
+
+
+def _active_set(
+    H: np.ndarray,
+    Hh: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    x: np.ndarray,
+    state: np.ndarray,
+    bland: bool = False,
+) -> bool:
+    """Inertia-controlling primal active-set method from a feasible x (in place).
+
+    Requires the free set F = {i : state_i = 0} to be non-empty and affinely independent
+    (K_F non-singular), which a vertex (one free coordinate) always is; it stays so, so
+    only non-singular systems are ever solved, however singular H is (Gill, Murray,
+    Saunders & Wright, "Inertia-controlling methods for general quadratic programming",
+    SIAM Review 33, 1991; Nocedal & Wright, §16.5). One iteration either
+
+    * (not at the minimiser of the face) takes the Newton step to the face minimiser,
+      (ν, p) = −K_F⁻¹ (0, g_F), cut at the first bound it crosses (that coordinate joins
+      the bound set); or
+    * (at the face minimiser, g_F = θ1) checks the bound multipliers s_i = g_i − θ
+      (≥ 0 at lower, ≤ 0 at upper bounds) and frees the most violated j (the first
+      violated one with ``bland``). Moving x_j off its bound by t while keeping g_F flat
+      on F is the direction d = (±1 at j, ∓u_F on F), u = K_F⁻¹ (1, H_Fj); along it the
+      slope is −|s_j| and the curvature is the Schur complement κ = H_jj − (1, H_Fj)ᵀu
+      ≥ 0. If κ > 0 the line minimum t* = |s_j|/κ is the minimiser of the enlarged face
+      and j joins F unless a bound comes first; if κ = 0 (j affinely dependent on F) the
+      objective decreases linearly and the step runs to the first bound, which is exact,
+      and the blocking coordinate leaves F, so F stays independent.
+
+    Every step decreases the objective or (degenerate, zero step) changes the sets; the
+    method stops at a KKT point, a global minimiser of the convex problem. When a full
+    Newton step leaves g_F visibly non-flat (an ill-conditioned face), the step is redone
+    with :func:`_safe_face_step`. Returns False if it did not stop within its iteration
+    budget (the caller restarts it with Bland's rule).
+    """
+    m = H.shape[0]
+    face = _Face(H, (state == 0).nonzero()[0])
+    B = face.buf
+    idx = face.idx
+    g = H @ x
+    at_min = face.f == 1
+    refine = 0
+    for _ in range(20 * m + 200):
+        f = face.f
+        Fi = idx[:f]
+        if not at_min and f == 1:  # a single free coordinate is its face's minimiser
+            if not face.valid:
+                face.refactor()
+            at_min = True
+        if not at_min:
+            HF = H.take(Fi, 0)
+            gF = HF @ x  # fresh: repeated steps are iterative refinement
+            ray = False
+            if refine or not face.valid:
+                p, ray = _safe_face_step(Hh, Fi, gF)
+                if not ray and not face.valid:
+                    face.refactor()
+            else:
+                p = B[1 : f + 1, 1 : f + 1] @ gF
+                p *= -1.0
+            alpha, k = _ratio_test(x.take(Fi), p, lo.take(Fi), hi.take(Fi))
+            full = alpha >= 1.0 and not ray
+            up = bool(p[k] > 0.0)  # the direction of the blocking coordinate (before scaling)
+            if not full:
+                p *= alpha
+            x[Fi] += p
+            g += p @ HF
+            if full:
+                gF = g.take(Fi)
+                refine += 1
+                at_min = float(gF.max() - gF.min()) <= _TOL_MULT or refine > _REFINE_MAX
+                if at_min:
+                    refine = 0
+            else:
+                _to_bound(x, state, int(Fi[k]), up, lo, hi)
+                face.remove(k)
+                refine = 0
+                at_min = face.f == 1 and face.valid
+            continue
+        s = g - g[Fi[0]]
+        viol = s * state
+        if bland:
+            cand = np.flatnonzero(viol > _TOL_MULT)
+            j = int(cand[0]) if cand.size else 0
+        else:
+            j = int(viol.argmax())
+        if viol[j] <= _TOL_MULT:
+            g = H @ x  # confirm with a fresh gradient (the updated one drifts)
+            s = g - float(g.take(Fi).sum()) / f
+            if float((s * state).max()) <= _TOL_MULT:
+                return True
+            continue
+        sign = -state[j]  # +1: j leaves its lower bound upwards, −1: its upper bound downwards
+        n = f + 1
+        hj = H[j].take(Fi)
+        u = B[:n, 1:n] @ hj
+        u += B[:n, 0]
+        kappa = float(H[j, j]) - float(u[0]) - float(hj @ u[1:])
+        d = np.empty(n)  # the move of (F, j) per unit move of x_j off its bound
+        dF = d[:f]
+        np.multiply(u[1:], -sign, out=dF)
+        d[f] = sign
+        size = 1.0 + float(abs(d).sum())
+        t_star = abs(float(s[j])) / kappa if kappa > _TOL_CURV * size * size else math.inf
+        t_max, k = _ratio_test(x.take(Fi), dF, lo.take(Fi), hi.take(Fi))
+        if hi[j] - lo[j] < t_max:
+            t_max, k = float(hi[j] - lo[j]), -1
+        step = min(t_star, t_max)
+        up = k >= 0 and bool(dF[k] > 0.0)  # the blocking coordinate's direction (before scaling)
+        idx[f] = j  # F and j together, for one gather
+        S = idx[:n]
+        d *= step
+        x[S] += d
+        g += d @ H.take(S, 0)
+        if t_star <= t_max:  # reached the minimiser of the enlarged face
+            face.add(j, u, kappa)
+            state[j] = 0.0
+            continue
+        at_min = False
+        if k < 0:  # j crossed its box: it moves to the other bound, F is unchanged
+            _to_bound(x, state, j, sign > 0.0, lo, hi)
+            continue
+        _to_bound(x, state, int(Fi[k]), up, lo, hi)
+        face.remove(k)
+        f = face.f
+        Fi = idx[:f]
+        hj = H[j].take(Fi)
+        u = B[: f + 1, 1 : f + 1] @ hj
+        u += B[: f + 1, 0]
+        face.add(j, u, float(H[j, j]) - float(u[0]) - float(hj @ u[1:]))
+        state[j] = 0.0
+    return False
+
+
+def _to_bound(
+    x: np.ndarray, state: np.ndarray, i: int, up: bool, lo: np.ndarray, hi: np.ndarray
+) -> None:
+    """Put coordinate i on its upper (``up``) or lower bound."""
+    if up:
+        x[i] = hi[i]
+        state[i] = 1.0
+    else:
+        x[i] = lo[i]
+        state[i] = -1.0
+
+
+
+def _polish(H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+            x: np.ndarray, state: np.ndarray) -> None:
+    """Re-solve the final face from scratch (one Cholesky) to remove accumulated rounding.
+
+    The fresh face solution replaces x_F when it stays inside the box (up to rounding, which
+    is clipped); otherwise x is left as it is.
+    """
+    fi = (state == 0).nonzero()[0]
+    if fi.size < 2:
+        return
+    c, info = lapack.dpotrf(Hh.take(fi, 0).take(fi, 1), lower=1, clean=0)
+    if info != 0:
+        return
+    xb = x.copy()
+    xb[fi] = 0.0
+    rhs = np.empty((fi.size, 2))
+    rhs[:, 0] = -(H.take(fi, 0) @ xb)
+    rhs[:, 1] = 1.0
+    sol, _info = lapack.dpotrs(c, rhs, lower=1)
+    y, z = sol[:, 0], sol[:, 1]
+    xf = y - ((float(y.sum()) - (1.0 - float(xb.sum()))) / float(z.sum())) * z
+    lof, hif = lo[fi], hi[fi]
+    if np.all(np.isfinite(xf)) and np.all(xf >= lof - 1e-13) and np.all(xf <= hif + 1e-13):
+        x[fi] = np.clip(xf, lof, hif)
 
 
 def _fix_sum(x: np.ndarray, state: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Move the rounding drift of Σx into the free coordinates (they are strictly inside)."""
+    """Move the rounding drift of Σx into the free coordinates (they are inside the box)."""
     free = np.flatnonzero(state == 0)
     for _ in range(3):
         drift = 1.0 - math.fsum(x.tolist())
@@ -269,197 +542,42 @@ def _fix_sum(x: np.ndarray, state: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
         x[free] = np.clip(x[free] + drift / free.size, lo[free], hi[free])
 
 
-def _multipliers(g: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """Violations of the bound-multiplier signs at a point with free set F ≠ ∅.
-
-    KKT of min λᵀGλ on the face: (Gλ)_i = θ on free i, s_i = (Gλ)_i − θ ≥ 0 at a lower
-    bound, s_i ≤ 0 at an upper bound. Returns v with v_i = max(−s_i, 0) on the lower set,
-    max(s_i, 0) on the upper set and 0 on F.
-    """
-    theta = float(np.mean(g[state == 0]))
-    s = g - theta
-    viol = np.zeros_like(g)
-    lo_set = state < 0
-    hi_set = state > 0
-    viol[lo_set] = np.maximum(-s[lo_set], 0.0)
-    viol[hi_set] = np.maximum(s[hi_set], 0.0)
-    return viol
-
-
-def _vertex_gap(g: np.ndarray, state: np.ndarray) -> tuple[float, int, int]:
-    """KKT gap at a vertex (F = ∅): max_{upper} g − min_{lower} g, and the two indices.
-
-    With every coordinate on a bound, θ may be anywhere in [max_U g, min_L g]; the vertex
-    is optimal iff that interval is non-empty. Otherwise moving mass from the upper index
-    to the lower index is a feasible descent direction.
-    """
-    lo_idx = np.flatnonzero(state < 0)
-    hi_idx = np.flatnonzero(state > 0)
-    if lo_idx.size == 0 or hi_idx.size == 0:
-        return 0.0, -1, -1  # no feasible direction keeps Σλ = 1
-    i = int(lo_idx[np.argmin(g[lo_idx])])
-    j = int(hi_idx[np.argmax(g[hi_idx])])
-    return float(g[j] - g[i]), i, j
-
-
-def _kkt_error(G: np.ndarray, x: np.ndarray, state: np.ndarray) -> float:
-    """Largest KKT violation: spread of g on F plus wrong-signed multipliers (or vertex gap)."""
-    g = G @ x
+def _kkt_error(H: np.ndarray, x: np.ndarray, state: np.ndarray) -> float:
+    """Largest KKT violation: spread of g = Hx on F plus wrong-signed bound multipliers."""
+    g = H @ x
     free = state == 0
-    if not free.any():
-        return max(_vertex_gap(g, state)[0], 0.0)
     gf = g[free]
-    spread = float(gf.max() - gf.min())
-    return max(spread, float(_multipliers(g, state).max(initial=0.0)))
+    s = g - float(gf.mean())
+    return max(float(gf.max() - gf.min()), float((s * state).max()))
 
 
-def _pdas(G: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Primal-dual active-set (semismooth Newton) pass: a fast guess of the optimal face.
+def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """min xᵀHx over {lo ≤ x ≤ hi, Σx = 1} for a scaled PSD H (max H_ii = 1), c feasible.
 
-    Each iteration fixes the coordinates of the current lower/upper sets at their bounds,
-    minimises λᵀGλ exactly over the remaining affine face (one KKT solve), then moves every
-    free coordinate that left the box onto its bound and frees every bound coordinate with
-    a wrong-signed multiplier. Converged when the sets repeat; not guaranteed to converge
-    in general, so the result is only used as a warm start.
+    :func:`_pdas` first; when it does not converge to a point that passes the KKT check,
+    :func:`_active_set` from the vertex that minimises the linearisation at c (restarted
+    with Bland's rule if it ever runs out of iterations), then :func:`_polish`. The answer
+    is checked for feasibility and the KKT conditions before it is returned.
     """
-    m = G.shape[0]
-    state = np.zeros(m, dtype=np.int8)
-    x = np.zeros(m)
-    s_prev = np.zeros(m)
-    seen: set[bytes] = set()
-    for _ in range(_PDAS_MAX_ITER):
-        free = state == 0
-        if not free.any():  # the sum constraint needs one free coordinate
-            j = int(np.argmin(np.abs(s_prev)))
-            state[j] = 0
-            free = state == 0
-        x[:] = 0.0
-        _set_bounds(x, state, lo, hi)
-        fi = np.flatnonzero(free)
-        bi = np.flatnonzero(~free)
-        r = 1.0 - float(x[bi].sum())
-        b = -(G[np.ix_(fi, bi)] @ x[bi]) if bi.size else np.zeros(fi.size)
-        xf, nu, _ok = _face_solve(G[np.ix_(fi, fi)], b, r)
-        x[fi] = xf
-        g = G @ x
-        s = g + nu  # θ = −ν
-        new = state.copy()
-        fr = state == 0
-        new[fr & (x < lo - _TOL_X)] = -1
-        new[fr & (x > hi + _TOL_X)] = 1
-        new[(state < 0) & (s < -_TOL_MULT)] = 0
-        new[(state > 0) & (s > _TOL_MULT)] = 0
-        if np.array_equal(new, state):
-            # feasible up to _TOL_X: snap free coordinates onto touched bounds
-            near_lo = fr & (x <= lo)
-            near_hi = fr & (x >= hi)
-            state[near_lo] = -1
-            state[near_hi] = 1
-            _set_bounds(x, state, lo, hi)
-            x[state == 0] = np.clip(x[state == 0], lo[state == 0], hi[state == 0])
-            return x, state, True
-        key = new.tobytes()
-        if key in seen:  # cycling
-            break
-        seen.add(key)
-        state = new
-        s_prev = s
-    return x, state, False
-
-
-def _primal_active_set(
-    G: np.ndarray, lo: np.ndarray, hi: np.ndarray, x: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Primal active-set method (Nocedal & Wright, Algorithm 16.3) from a feasible ``x``.
-
-    The working set W holds bound constraints; Σλ = 1 is always kept. One iteration solves
-    the equality-constrained step problem on the free set F,
-
-        min_p (x + p)ᵀ G (x + p)  s.t.  p_W = 0, Σ p_F = 0,
-
-    i.e. [[G_FF, 1], [1ᵀ, 0]] [p_F; ν] = [−(Gx)_F; 0]. If p ≠ 0 the step is cut at the
-    first bound it would cross (ties: smallest index) and that bound joins W; if p = 0 the
-    bound multipliers are checked and the most violated one (ties: smallest index) leaves
-    W (at a vertex, F = ∅, the pair with the most negative exchange rate leaves). For a
-    convex QP each drop is followed by a strict decrease (pᵀGp > 0), so no working set
-    repeats and the method stops after finitely many steps at a KKT point, which is a
-    global minimiser. Singular G_FF is fine: the step system stays consistent because the
-    objective is bounded below, and a minimum-norm solution is used.
-    """
-    m = G.shape[0]
-    x = x.copy()
-    state = np.zeros(m, dtype=np.int8)
-    state[x <= lo] = -1
-    state[x >= hi] = 1
-    at_face_min = False
-    dropped: list[int] = []
-    max_iter = 20 * m + 200
-    for _ in range(max_iter):
-        fi = np.flatnonzero(state == 0)
-        g = G @ x
-        p = None
-        if fi.size >= 2 and not at_face_min:
-            p = _face_step(G[np.ix_(fi, fi)], g[fi])
-            p -= p.mean()  # keep Σp = 0 exactly up to rounding
-            if float(np.max(np.abs(p))) <= _TOL_P:
-                p = None
-        if p is None:
-            if fi.size == 0:
-                gap, i, j = _vertex_gap(g, state)
-                if gap <= _TOL_MULT:
-                    return x, state
-                state[i] = 0
-                state[j] = 0
-                dropped = [i, j]
-            else:
-                viol = _multipliers(g, state)
-                worst = int(np.argmax(viol))
-                if viol[worst] <= _TOL_MULT:
-                    return x, state
-                state[worst] = 0
-                dropped = [worst]
-            at_face_min = False
-            continue
-        # ratio test: only coordinates moving towards a bound can block
-        xf = x[fi]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            steps = np.where(
-                p < 0.0, (lo[fi] - xf) / p, np.where(p > 0.0, (hi[fi] - xf) / p, np.inf)
-            )
-        steps = np.maximum(steps, 0.0)
-        k = int(np.argmin(steps))
-        alpha = float(steps[k])
-        if alpha >= 1.0:
-            x[fi] = xf + p
-            at_face_min = True
-            hit = np.zeros(fi.size, dtype=bool)
-        else:
-            if alpha == 0.0 and int(fi[k]) in dropped:
-                # a freed coordinate cannot move: its multiplier was rounding noise
-                for j in dropped:
-                    state[j] = -1 if x[j] <= lo[j] else 1
-                return x, state
-            x[fi] = xf + alpha * p
-            at_face_min = False
-            hit = np.zeros(fi.size, dtype=bool)
-            hit[k] = True
-        # every free coordinate that reached (or numerically passed) the bound it moves to
-        x_new = x[fi]
-        to_lo = hit & (p < 0) | (p < 0) & (x_new <= lo[fi] + _TOL_X)
-        to_hi = hit & (p > 0) | (p > 0) & (x_new >= hi[fi] - _TOL_X)
-        if to_lo.all() or (to_lo | to_hi).sum() == fi.size:
-            # keep Σλ = 1 free to move: never bind every coordinate of F at once
-            keep = np.flatnonzero(~hit)[:1] if (~hit).any() else np.array([k])
-            to_lo[keep] = False
-            to_hi[keep] = False
-        state[fi[to_lo]] = -1
-        state[fi[to_hi]] = 1
-        _set_bounds(x, state, lo, hi)
-        if to_lo.any() or to_hi.any():
-            at_face_min = False
-        dropped = []
-        _fix_sum(x, state, lo, hi)
-    raise RuntimeError(f"min_norm_weights: active-set method did not stop in {max_iter} steps")
+    Hh = H + 1.0
+    x, state, converged = _pdas(H, Hh, lo, hi, c)
+    if not (converged and _kkt_error(H, x, state) <= _TOL_MULT * 10):
+        x, state = _lmo_vertex(H @ c, lo, hi)
+        for bland in (False, True, True):
+            if _active_set(H, Hh, lo, hi, x, state, bland):
+                break
+        _polish(H, Hh, lo, hi, x, state)
+    _fix_sum(x, state, lo, hi)
+    err = _kkt_error(H, x, state)
+    infeasible = abs(math.fsum(x.tolist()) - 1.0) > 1e-13 or bool(
+        np.any(x < lo) or np.any(x > hi)
+    )
+    if err > _TOL_KKT or infeasible:
+        raise RuntimeError(
+            f"min_norm_weights: KKT check failed (residual {err:.3e} in units of max G_ii, "
+            f"feasible: {not infeasible}); is gram positive semi-definite?"
+        )
+    return x
 
 
 def min_norm_weights(
@@ -482,12 +600,16 @@ def min_norm_weights(
     handled. The answer is exact up to rounding, certified by a KKT check
     (Gλ)_i = θ on free coordinates, (Gλ)_i ≥ θ at lower and ≤ θ at upper bounds.
 
-    Algorithm: a primal-dual active-set pass proposes the optimal face (usually in a few
-    KKT solves); if it does not converge, or its answer fails the KKT check, a primal
-    active-set method (finite for convex QPs) starts from the projection of the proposal
-    and finishes the job. Singular face systems are solved by minimum-norm least squares.
-    When the minimiser is not unique (singular G), one of them is returned,
-    deterministically (same input, same output).
+    Algorithm (on G scaled to max G_ii = 1): a primal-dual active-set pass (a few
+    Cholesky solves of face systems; affinely dependent coordinates are parked inside the
+    box) settles well-conditioned and duplicated problems. If it does not converge, or
+    its answer fails the KKT check, an inertia-controlling primal active-set method starts
+    from the vertex that minimises the linearisation at c: it keeps the free set affinely
+    independent, so it factorises only non-singular systems (an inverse updated in
+    O(|F|²) per step), and when freeing a coordinate meets zero curvature it steps to the
+    next bound, which is exact for a positive semi-definite G. A final Cholesky solve on
+    the optimal face removes accumulated rounding. When the minimiser is not unique
+    (singular G), one of them is returned, deterministically (same input, same output).
 
     Parameters
     ----------
@@ -526,10 +648,10 @@ def min_norm_weights(
     e = _validate_eps(eps)
     if m == 1 or e == 0.0:
         return c.copy()
-    scale = float(np.max(np.diag(G)))
+    scale = float(G.diagonal().max())
     if scale <= 0.0:  # PSD with zero diagonal: G = 0, every feasible point is optimal
         return c.copy()
-    G /= scale
+    G *= 1.0 / scale
     if e is None:
         lo = np.zeros(m)
         hi = np.full(m, np.inf)
@@ -537,21 +659,7 @@ def min_norm_weights(
         lo = np.maximum(0.0, c - e)
         hi = np.minimum(1.0, c + e)
         hi[hi >= 1.0] = np.inf  # λ_i ≤ 1 is implied by λ ≥ 0 and Σλ = 1
-    x, state, converged = _pdas(G, lo, hi)
-    if converged:
-        _fix_sum(x, state, lo, hi)
-        if _kkt_error(G, x, state) <= _TOL_MULT * 10:
-            return x
-    x0 = _project_box_simplex(x, lo, hi)
-    x, state = _primal_active_set(G, lo, hi, x0)
-    _fix_sum(x, state, lo, hi)
-    err = _kkt_error(G, x, state)
-    if err > _TOL_KKT:
-        raise RuntimeError(
-            f"min_norm_weights: KKT check failed (residual {err:.3e} in units of max G_ii); "
-            "is gram positive semi-definite?"
-        )
-    return x
+    return _solve_qp(G, lo, hi, c)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
+import flowerdro.core.mgda as mgda_mod
 from flowerdro.core.mgda import (
     fedmgda_lr,
     gram_matrix,
@@ -173,6 +174,126 @@ def test_min_norm_weights_m100_against_cvxpy():
     G = V @ V.T
     for eps in (None, 0.005, 0.05):
         _check_solution(G, eps, None)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rank_deficient_tight_box(seed):
+    # the benchmark case on which the old warm start cycled: m = 100 unit updates of rank
+    # m/10 with the box ε = 0.5/m around the uniform weights (and a tighter and a looser box)
+    rng = np.random.default_rng(200 + seed)
+    V = _unit_rows(rng.standard_normal((100, 10)))
+    G = V @ V.T
+    for eps in (0.005, 0.002, 0.02):
+        lam = _check_solution(G, eps, None)
+        assert np.max(np.abs(lam - 0.01)) <= eps + 1e-15
+
+
+@pytest.mark.parametrize("eps", [None, 0.008, 0.05])
+@pytest.mark.parametrize("centered", [False, True])
+def test_duplicated_rows_with_box(eps, centered):
+    # every update sent twice (bit-identical rows of G), plus a few near-duplicates
+    rng = np.random.default_rng([7, int(centered)])
+    base = _unit_rows(rng.standard_normal((30, 45)))
+    V = np.concatenate([base, base])
+    V[-3:] += 1e-9 * rng.standard_normal((3, 45))
+    G = V @ V.T
+    center = rng.dirichlet(np.full(60, 3.0)) if centered else None
+    _check_solution(G, eps, center)
+
+
+@pytest.mark.parametrize("eps", [None, 1.0, 0.5, 0.02])
+def test_origin_in_hull_gives_zero(eps):
+    # 40 unit vectors in R^3, every direction with its opposite: the origin is in the hull
+    # (the uniform weights cancel in pairs, and they lie in every box), so the minimum is 0
+    # whatever ε, with many minimisers (G has rank 3)
+    rng = np.random.default_rng(3)
+    half = _unit_rows(rng.standard_normal((20, 3)))
+    V = np.concatenate([half, -half])
+    G = V @ V.T
+    lam = _check_solution(G, eps, None)
+    assert float(lam @ G @ lam) <= 1e-14
+    assert np.max(np.abs(lam @ V)) <= 1e-7
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("eps", [None, 0.01, 0.5])
+def test_exact_finish_alone_matches_cvxpy(kind, eps, monkeypatch):
+    # switch the primal-dual warm start off: the inertia-controlling active-set method then
+    # solves every problem from a vertex on its own
+    monkeypatch.setattr(mgda_mod, "_PDAS_MAX_ITER", 0)
+    rng = np.random.default_rng([KINDS.index(kind), 99])
+    G = _make_gram(kind, 16, rng)
+    _check_solution(G, eps, rng.dirichlet(np.full(16, 2.0)))
+    _check_solution(G, eps, None)
+
+
+def _random_instance(seed: int):
+    """A random (G, ε, centre) from a mix of full-rank, duplicated, low-rank, opposite and
+    zero, ill-conditioned, near-duplicate and integer-grid (exact ties) update sets."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.choice([2, 3, 5, 8, 12, 20, 40, 60]))
+    kind = int(rng.integers(0, 7))
+    if kind == 0:
+        V = rng.standard_normal((m, int(rng.integers(1, 2 * m + 1))))
+    elif kind == 1:
+        base = rng.standard_normal((max(1, m // 2), int(rng.integers(1, m + 2))))
+        V = base[rng.integers(0, base.shape[0], m)]
+    elif kind == 2:
+        V = rng.standard_normal((m, max(1, m // 10)))
+    elif kind == 3:
+        base = rng.standard_normal((max(1, m // 2), int(rng.integers(1, m + 2))))
+        V = np.concatenate([base, -base, np.zeros((m, base.shape[1]))])[:m]
+    elif kind == 4:
+        V = rng.standard_normal((m, m)) * np.logspace(0, -rng.uniform(2, 8), m)[:, None]
+    elif kind == 5:
+        base = rng.standard_normal((max(1, m // 3), 5))
+        V = base[rng.integers(0, base.shape[0], m)] + 1e-9 * rng.standard_normal((m, 5))
+    else:
+        V = rng.integers(-2, 3, size=(m, int(rng.integers(1, 4)))).astype(float)
+    if rng.random() < 0.7:
+        V = _unit_rows(V)
+    eps = [None, 1e-4, 0.5 / m, 0.01, 0.05, 0.2, 1.0][int(rng.integers(0, 7))]
+    center = rng.dirichlet(np.full(m, rng.choice([0.3, 1.0, 5.0]))) if rng.random() < 0.4 else None
+    return V @ V.T, eps, center
+
+
+@pytest.mark.parametrize("pdas", [True, False])
+def test_random_instances_certified_by_frank_wolfe_gap(pdas, monkeypatch):
+    # many random instances, each certified independently of any QP solver: feasibility,
+    # the Frank-Wolfe duality gap (an LP over the box-simplex, HiGHS) and determinism;
+    # without the primal-dual pass the exact finish solves each one from a vertex
+    if not pdas:
+        monkeypatch.setattr(mgda_mod, "_PDAS_MAX_ITER", 0)
+    for seed in range(60):
+        G, eps, center = _random_instance(1000 + seed)
+        m = G.shape[0]
+        _, lo, hi = _bounds(m, eps, center)
+        lam = min_norm_weights(G, eps, center)
+        assert abs(lam.sum() - 1.0) <= 1e-12, seed
+        assert np.all(lam >= lo - 1e-12) and np.all(lam <= hi + 1e-12), seed
+        scale = max(1.0, float(np.max(np.diag(G))))
+        f = float(lam @ G @ lam)
+        assert _fw_gap(G, lam, lo, hi) <= REL * abs(f) + ABS * scale, seed
+        assert np.array_equal(lam, min_norm_weights(G, eps, center)), seed
+
+
+@pytest.mark.parametrize("kind", ["rank2", "duplicated", "opposite", "adversarial"])
+@pytest.mark.parametrize("eps", [None, 0.01])
+def test_bland_restart_rule_reaches_the_same_optimum(kind, eps):
+    # the restart path (first violated multiplier instead of the most violated one) is
+    # exact on its own: it ends at a KKT point with the optimal value
+    rng = np.random.default_rng([KINDS.index(kind), 7])
+    m = 14
+    G = _make_gram(kind, m, rng)
+    H = G / np.max(np.diag(G))
+    c, lo, hi = _bounds(m, eps, None)
+    hi = np.where(hi >= 1.0, np.inf, hi)
+    x, state = mgda_mod._lmo_vertex(H @ c, lo, hi)
+    assert mgda_mod._active_set(H, H + 1.0, lo, hi, x, state, bland=True)
+    assert abs(x.sum() - 1.0) <= 1e-12 and np.all(x >= lo) and np.all(x <= hi)
+    assert mgda_mod._kkt_error(H, x, state) <= 1e-12
+    lam = min_norm_weights(G, eps)
+    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-13)
 
 
 def test_opposite_gradients_reach_zero():
