@@ -17,6 +17,11 @@ Writes ``<out>/<name>/robustness.json`` and the plots
     python scripts/repro_fedrobust.py conf/fedrobust_mnist.toml
     python scripts/repro_fedrobust.py conf/fedrobust_mnist.toml --rounds 3 --set model=cnn_mnist \\
         --set evaluate-every=3 --name fedrobust_mnist_cnn_timing --no-eval   # CNN timing only
+    python scripts/repro_fedrobust.py conf/fedrobust_mnist_cnn_n10.toml --eval-from fedrobust_mnist_cnn_n10 \
+        --name fedrobust_mnist_cnn_n10_margin --attack-loss margin   # re-attack saved models, no training
+
+``--attack-loss margin`` makes both attacks ascend :func:`flowerdro.core.affine.margin_loss`
+instead of cross-entropy (stronger on models whose outputs are close to uniform).
 """
 
 from __future__ import annotations
@@ -64,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pgd-radii", default="0,0.5,1,1.5,2,2.5")
     ap.add_argument("--affine-steps", type=int, default=20)
     ap.add_argument("--pgd-steps", type=int, default=10)
+    ap.add_argument("--attack-loss", choices=("ce", "margin"), default="ce",
+                    help="loss the affine and ℓ₂ attacks ascend (margin: for near-uniform outputs)")
     ap.add_argument("--no-eval", action="store_true", help="train and time only")
+    ap.add_argument("--eval-from", metavar="NAME",
+                    help="no training: evaluate the final models saved under <out>/NAME/<label>/seed<first seed>/ "
+                         "(training statistics copied from <out>/NAME/robustness.json); use with --name")
     ap.add_argument("--figures-prefix", default="fedrobust")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timings on a shared CPU)")
     ap.add_argument("--timing-repeats", type=int, default=3, help="repeats of the per-round CPU timing (0: skip)")
@@ -89,13 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.set:
         key, _, value = item.partition("=")
         cfg.setdefault("run-config", {})[key.strip()] = _parse_value(value.strip())
-    t0 = time.time()
-    result = run(cfg, output_root=args.out)
-    print(f"training: {time.time() - t0:.1f} s")
-
     rc = cfg["run-config"]
     report: dict[str, Any] = {"config": cfg, "strategies": {}}
-    for label, histories in result.histories.items():
+    if args.eval_from:
+        if args.name is None or args.name == args.eval_from:
+            raise SystemExit("--eval-from: give a different --name, so the saved report is not overwritten")
+        final_arrays = _saved_models(args.out / args.eval_from, cfg, report)
+        args.timing_repeats = 0
+    else:
+        t0 = time.time()
+        result = run(cfg, output_root=args.out)
+        print(f"training: {time.time() - t0:.1f} s")
+        final_arrays = result.final_arrays
+    for label, histories in ({} if args.eval_from else result.histories).items():
         hist = histories[0]
         last = [r for r in hist if "acc_mean" in r][-1]
         entry = {"train_s_per_round": train_seconds_per_round(hist),
@@ -117,19 +133,24 @@ def main(argv: list[str] | None = None) -> int:
         radii_l = [float(v) for v in args.lambda_radii.split(",")]
         radii_d = [float(v) for v in args.delta_radii.split(",")]
         radii_p = [float(v) for v in args.pgd_radii.split(",")]
-        from flowerdro.core.affine import load_model
+        from flowerdro.core.affine import load_model, margin_loss
 
-        for label, arrays_list in result.final_arrays.items():
+        loss_fn = margin_loss if args.attack_loss == "margin" else None
+
+        for label, arrays_list in final_arrays.items():
             te = time.time()
             kwargs = {"hidden": str(rc.get("hidden", "128,64"))} if rc.get("model") == "mlp" else {}
             model = load_model(str(rc.get("model", "logreg")), arrays_list[0], x.shape[1:], 10, **kwargs)
             e = report["strategies"][label]
             e["clean"] = robust_accuracy(model, x, y, "clean")
-            e["affine_lambda"] = {r: robust_accuracy(model, x, y, "affine", eps_lambda=r, eps_delta=args.delta_at,
-                                                     steps=args.affine_steps) for r in radii_l}
-            e["affine_delta"] = {r: robust_accuracy(model, x, y, "affine", eps_lambda=args.lambda_at, eps_delta=r,
-                                                    steps=args.affine_steps) for r in radii_d}
-            e["pgd"] = {r: robust_accuracy(model, x, y, "pgd", eps=r, steps=args.pgd_steps) for r in radii_p}
+            # (ε₁, ε₂) → accuracy, each pair attacked once (the two sweeps share (--lambda-at, --delta-at))
+            pairs = [(r, args.delta_at) for r in radii_l] + [(args.lambda_at, r) for r in radii_d]
+            affine = {p: robust_accuracy(model, x, y, "affine", eps_lambda=p[0], eps_delta=p[1],
+                                         steps=args.affine_steps, loss_fn=loss_fn) for p in dict.fromkeys(pairs)}
+            e["affine_lambda"] = {r: affine[(r, args.delta_at)] for r in radii_l}
+            e["affine_delta"] = {r: affine[(args.lambda_at, r)] for r in radii_d}
+            e["pgd"] = {r: robust_accuracy(model, x, y, "pgd", eps=r, steps=args.pgd_steps, loss_fn=loss_fn)
+                        for r in radii_p}
             print(f"evaluated {label} in {time.time() - te:.1f} s")
         _plots(report, args, radii_l, radii_d, radii_p)
 
@@ -138,6 +159,26 @@ def main(argv: list[str] | None = None) -> int:
     (out / "robustness.json").write_text(json.dumps(report, indent=2, default=str))
     _tables(report, args)
     return 0
+
+
+def _saved_models(folder: Path, cfg: dict[str, Any], report: dict[str, Any]) -> dict[str, list[Any]]:
+    """The final models of ``cfg["strategies"]`` saved by an earlier run in ``folder``.
+
+    Fills ``report["strategies"]`` with that run's training statistics (from its
+    ``robustness.json``: wall and CPU time per round, federated accuracy, shift norms).
+    """
+    seed = int(cfg.get("seeds", [0])[0])
+    saved = json.loads((folder / "robustness.json").read_text())["strategies"]
+    out = {}
+    for label in cfg["strategies"]:
+        path = folder / label / f"seed{seed}" / "final_model.npz"
+        if label not in saved or not path.exists():
+            raise SystemExit(f"--eval-from: no saved model or report entry for {label!r} in {folder}")
+        keep = ("train_s_per_round", "train_cpu_s_per_round", "fed_acc_mean", "fed_acc_worst", "lambda-dev-fro",
+                "delta-norm")
+        report["strategies"][label] = {k: saved[label][k] for k in keep if k in saved[label]}
+        out[label] = [dict(np.load(path))]
+    return out
 
 
 def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:

@@ -221,6 +221,30 @@ def affine_ascent_step(
 
 
 # --------------------------------------------------------------------------- attacks
+def margin_loss(logits: torch.Tensor, target: torch.Tensor, cap: float = 5.0) -> torch.Tensor:
+    r"""Mean capped margin (Carlini–Wagner style), an attack loss that does not go flat.
+
+    .. math:: \frac{1}{|B|}\sum_{j \in B} \min\big(\max_{k \neq y_j} z_{jk} - z_{j y_j},\ \text{cap}\big)
+
+    It is positive for a misclassified sample. Use it as ``loss_fn`` of
+    :func:`worst_affine_shift` / :func:`robust_accuracy` when the model's outputs are close
+    to uniform: there the cross-entropy hardly changes along the attack and its ascent
+    understates how many predictions a shift can flip. The cap stops samples that are
+    already misclassified by ``cap`` from pulling the shared shift further.
+
+    >>> margin_loss(torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0]]), torch.tensor([0, 0]))
+    tensor(1.)
+    """
+    if logits.dim() != 2 or target.shape != logits.shape[:1]:
+        raise ValueError(f"logits, target: expected (n, classes) and (n,), got {tuple(logits.shape)} "
+                         f"and {tuple(target.shape)}")
+    if not cap > 0:
+        raise ValueError(f"cap: must be > 0, got {cap}")
+    true = logits.gather(1, target[:, None]).squeeze(1)
+    others = logits.masked_fill(F.one_hot(target, logits.shape[1]).bool(), float("-inf")).max(1).values
+    return (others - true).clamp(max=cap).mean()
+
+
 def _batched_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor, delta: torch.Tensor,
                   loss_fn: LossFn, batch_size: int, *, grad: bool) -> tuple[float, torch.Tensor | None,
                                                                          torch.Tensor | None]:
@@ -402,7 +426,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 def robust_accuracy(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str = "clean", *, eps: float = 0.0,
     eps_lambda: float = 0.0, eps_delta: float = 0.0, steps: int | None = None, step_size: float | None = None,
-    batch_size: int = 1024,
+    batch_size: int = 1024, loss_fn: LossFn | None = None,
 ) -> float:
     """Accuracy of ``model`` on (x, y): clean, under the worst affine shift, or under ℓ₂ PGD / FGM.
 
@@ -413,6 +437,9 @@ def robust_accuracy(
         ‖Λ − I‖_F) and ``eps_delta`` (ε₂ on ‖δ‖₂), ``steps`` (default 20) ascent steps;
         ``pgd``: per-sample :func:`pgd_l2_attack` of radius ``eps`` with ``steps``
         (default 10); ``fgm``: one step of size ``eps``.
+    loss_fn : callable, optional
+        The loss the attack ascends (mean over a batch): cross-entropy when unset, or e.g.
+        :func:`margin_loss` for low-confidence models.
     """
     if kind not in ROBUST_KINDS:
         raise ValueError(f"kind: unknown evaluation {kind!r}; allowed: {', '.join(ROBUST_KINDS)}")
@@ -420,16 +447,17 @@ def robust_accuracy(
         return accuracy(model, x, y)
     if kind == "affine":
         lam, delta, _ = worst_affine_shift(model, x, y, eps_lambda, eps_delta, steps=20 if steps is None else steps,
-                                           step_size=step_size, batch_size=batch_size)
+                                           step_size=step_size, batch_size=batch_size, loss_fn=loss_fn)
         with torch.no_grad():
             return accuracy(model, apply_affine(x, lam, delta), y)
     correct = 0
     for s in range(0, int(y.shape[0]), batch_size):
         xb, yb = x[s:s + batch_size], y[s:s + batch_size]
         if kind == "fgm":
-            xa = fgm_l2_attack(model, xb, yb, eps)
+            xa = fgm_l2_attack(model, xb, yb, eps, loss_fn=loss_fn)
         else:
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=10 if steps is None else steps, step_size=step_size)
+            xa = pgd_l2_attack(model, xb, yb, eps, steps=10 if steps is None else steps, step_size=step_size,
+                               loss_fn=loss_fn)
         correct += round(accuracy(model, xa, yb) * int(yb.shape[0]))
     return correct / max(int(y.shape[0]), 1)
 

@@ -20,6 +20,7 @@ from flowerdro.core.affine import (
     evaluate_robustness,
     fgm_l2_attack,
     inner_objective,
+    margin_loss,
     pgd_l2_attack,
     project_frobenius_ball,
     project_l2_ball,
@@ -129,6 +130,53 @@ def test_worst_shift_of_a_binary_linear_model_matches_the_closed_form():
     np.testing.assert_allclose(delta.numpy(), delta_star, atol=1e-8)
     margin = v @ (x[0] + e_star @ x[0] + delta_star) + b[y] - b[1 - y]
     assert loss == pytest.approx(math.log1p(math.exp(-margin)), rel=1e-10)
+
+
+def test_margin_loss_by_hand_and_its_cap():
+    z = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0]], dtype=DT)
+    y = torch.tensor([0, 0])
+    # margins max_{k≠y} z_k − z_y: 1 − 2 = −1 and 3 − 0 = 3
+    assert float(margin_loss(z, y)) == pytest.approx(1.0)
+    assert float(margin_loss(z, y, cap=2.0)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="cap"):
+        margin_loss(z, y, cap=0.0)
+    with pytest.raises(ValueError, match="logits, target"):
+        margin_loss(z, torch.tensor([0]))
+
+
+def test_worst_shift_under_the_margin_loss_matches_the_closed_form():
+    # Binary linear model, one example: the margin loss is −(vᵀx' + c), decreasing in the same
+    # vᵀx' as the cross-entropy, so the worst shift is the same (E*, δ*) and the loss is −margin.
+    rng = np.random.default_rng(5)
+    d = 4
+    w, b = rng.normal(size=(2, d)), rng.normal(size=2)
+    x, y = rng.normal(size=(1, d)), 0
+    e1, e2 = 0.3, 0.2
+    lam, delta, loss = worst_affine_shift(_linear(w, b), torch.as_tensor(x), torch.tensor([y]), e1, e2, steps=40,
+                                          loss_fn=lambda z, t: margin_loss(z, t, cap=1e6))
+    v = w[y] - w[1 - y]
+    e_star = -e1 * np.outer(v, x[0]) / (np.linalg.norm(v) * np.linalg.norm(x))
+    delta_star = -e2 * v / np.linalg.norm(v)
+    np.testing.assert_allclose(lam.numpy() - np.eye(d), e_star, atol=1e-8)
+    np.testing.assert_allclose(delta.numpy(), delta_star, atol=1e-8)
+    margin = v @ (x[0] + e_star @ x[0] + delta_star) + b[y] - b[1 - y]
+    assert loss == pytest.approx(-margin, rel=1e-10)
+
+
+def test_robust_accuracy_passes_the_attack_loss_through():
+    # δ only, one label, binary linear model: under either loss the worst δ is −ε v/‖v‖ for the
+    # whole set, so the accuracy is that of the predictions at x_j − ε v/‖v‖, computed directly.
+    rng = np.random.default_rng(6)
+    d, n, eps = 3, 40, 1.0
+    w = rng.normal(size=(2, d))
+    x = rng.normal(size=(n, d))
+    y = torch.zeros(n, dtype=torch.long)
+    v = w[0] - w[1]
+    expected = float(np.mean((x - eps * v / np.linalg.norm(v)) @ v > 0))
+    for loss_fn in (None, margin_loss):
+        acc = robust_accuracy(_linear(w), torch.as_tensor(x), y, "affine", eps_lambda=0.0, eps_delta=eps,
+                              steps=20, loss_fn=loss_fn)
+        assert acc == pytest.approx(expected)
 
 
 def test_worst_delta_for_many_examples_of_one_label_is_minus_eps_v_over_norm():
