@@ -8,9 +8,19 @@ Sub-commands (run from the repository root; on a shared CPU set ``OMP_NUM_THREAD
 
 ``adult`` runs ``conf/fedmgda_adult_bias.toml`` once per bias on the PhD client (partition
 0) and writes ``results/fedmgda_adult_bias/bias<b>/``; ``fmnist`` runs
-``conf/fedmgda_fmnist.toml``. ``report`` prints the tables (uniform = accuracy on the
-union of the two domains' test rows, i.e. the test-size weighted mean; PhD; non-PhD) and
-draws the figures.
+``conf/fedmgda_fmnist.toml`` (20 rounds). ``report`` prints the tables (uniform = accuracy
+on the union of the two domains' test rows, i.e. the test-size weighted mean; PhD;
+non-PhD) and draws the figures, and does the same for the longer Fashion-MNIST runs, each
+made by ``OMP_NUM_THREADS=1 python -m flowerdro.experiments conf/<name>.toml``:
+
+* ``fedmgda_fmnist_long``: the method comparison (paper Fig. 3), and the same with seed 1
+  (``fedmgda_fmnist_long_seed1``); ``fedmgda_fmnist_80``: FedMGDA+ and FedAvg for 80 rounds;
+* ``fedmgda_fmnist_eps``: ε ∈ {0.05, 0.5, 1} (Fig. 1; ε = 0 and 0.1 are the long run's
+  ``fedavg-n`` and ``fedmgda+``);
+* ``fedmgda_fmnist_improvement_fullbatch``: fraction of improved participants with
+  full-batch local steps (Fig. 4; the b = 10 curves come from the two runs above);
+* ``fedmgda_fmnist_scaling``: one client multiplies its update by ``attack-scale``
+  (unattacked baselines: the long run).
 
 Departures from the paper, forced by a 2-core shared CPU (stated again in the tables):
 Adult uses one local step of batch 10 per round for every method (AFL's own τ = 1; the
@@ -186,6 +196,260 @@ def improvement_report() -> None:
             print(f"| {f.parent.parent.name} | {np.mean(fr):.3f} | {min(fr):.2f} | {sum(x == 1.0 for x in fr)}/{len(fr)} |")
 
 
+# --------------------------------------------------------------------------- longer Fashion-MNIST runs
+LONG = "fedmgda_fmnist_long"
+LONG_SEED1 = "fedmgda_fmnist_long_seed1"
+LONG80 = "fedmgda_fmnist_80"
+EPS = "fedmgda_fmnist_eps"
+FULLBATCH = "fedmgda_fmnist_improvement_fullbatch"
+SCALING = "fedmgda_fmnist_scaling"
+SCALING_CONF = REPO / "conf" / f"{SCALING}.toml"
+# ε of each run in the Fig. 1 sweep: (experiment, label) -> ε
+EPS_RUNS: dict[float, tuple[str, str]] = {
+    0.0: (LONG, "fedavg-n"), 0.05: (EPS, "fedmgda+-eps0.05"), 0.1: (LONG, "fedmgda+"),
+    0.5: (EPS, "fedmgda+-eps0.5"), 1.0: (EPS, "fedmgda+-eps1"),
+}
+
+
+def _runs(name: str, seed: int = 0) -> dict[str, list[dict]]:
+    """Round records of ``results/<name>/<label>/seed<seed>/rounds.jsonl`` for every label."""
+    out: dict[str, list[dict]] = {}
+    root = RESULTS / name
+    if root.is_dir():
+        for f in sorted(root.glob(f"*/seed{seed}/rounds.jsonl")):
+            out[f.parent.parent.name] = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    return out
+
+
+def _evals(recs: list[dict]) -> dict[int, dict]:
+    """Evaluated rounds of one run: round -> record with the client-accuracy summary."""
+    return {int(r["round"]): r for r in recs if "acc_mean" in r}
+
+
+def _fractions(recs: list[dict], upto: int | None = None) -> list[float]:
+    """``improved_fraction`` of rounds 1..upto (all rounds when ``upto`` is None)."""
+    return [float(r["improved_fraction"]) for r in recs
+            if r.get("improved_fraction") is not None and (upto is None or int(r["round"]) <= upto)]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def fmnist_long_report() -> None:
+    """Paper Fig. 3: mean / std / worst / worst-20% client test accuracy per method and round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _runs(LONG)
+    if not runs:
+        return
+    print(f"\nFashion-MNIST 100 x 5 shards ({LONG}): client test accuracy % at the last evaluated round")
+    print("| method | round | mean | std | worst | worst-20% | mean / std at each evaluated round |")
+    print("|---|---|---|---|---|---|---|")
+    for label, recs in runs.items():
+        ev = _evals(recs)
+        if not ev:
+            continue
+        last = ev[max(ev)]
+        path = ", ".join(f"{_pct(ev[t]['acc_mean'])} / {_pct(ev[t]['acc_std'])}" for t in sorted(ev))
+        print(f"| {label} | {max(ev)} | {_pct(last['acc_mean'])} | {_pct(last['acc_std'])} | "
+              f"{_pct(last['acc_worst'])} | {_pct(last['acc_worst20'])} | {path} |")
+    seed1 = _runs(LONG_SEED1, seed=1)
+    both = [label for label in runs if label in seed1 and _evals(seed1[label])]
+    if both:
+        t = min(max(_evals(seed1[label])) for label in both)
+        print(f"\nSeeds 0 and 1 ({LONG} / {LONG_SEED1}) at round {t}: mean / std client test accuracy %")
+        print("| method | seed 0 | seed 1 | mean of the 2 seeds |")
+        print("|---|---|---|---|")
+        for label in both:
+            a, b = _evals(runs[label]).get(t), _evals(seed1[label]).get(t)
+            if a is None or b is None:
+                continue
+            print(f"| {label} | {_pct(a['acc_mean'])} / {_pct(a['acc_std'])} | {_pct(b['acc_mean'])} / "
+                  f"{_pct(b['acc_std'])} | {_pct((a['acc_mean'] + b['acc_mean']) / 2)} / "
+                  f"{_pct((a['acc_std'] + b['acc_std']) / 2)} |")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k, (label, recs) in enumerate(runs.items()):
+        ev = _evals(recs)
+        ts = sorted(ev)
+        axes[0].plot(ts, [100 * ev[t]["acc_mean"] for t in ts], "o-", ms=3, color=f"C{k}", label=f"{label} (seed 0)")
+        axes[1].plot(ts, [100 * ev[t]["acc_std"] for t in ts], "o-", ms=3, color=f"C{k}", label=f"{label} (seed 0)")
+        ev1 = _evals(seed1.get(label, []))
+        if ev1:
+            ts1 = sorted(ev1)
+            axes[0].plot(ts1, [100 * ev1[t]["acc_mean"] for t in ts1], "x:", ms=4, color=f"C{k}")
+            axes[1].plot(ts1, [100 * ev1[t]["acc_std"] for t in ts1], "x:", ms=4, color=f"C{k}")
+    axes[0].set_title("mean client test accuracy %")
+    axes[1].set_title("std of client test accuracy %")
+    for ax in axes:
+        ax.set_xlabel("round")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Fashion-MNIST, 100 clients x 5 label-sorted shards, p = 0.1, b = 10, k = 1 "
+                 "(solid: seed 0; dotted x: seed 1 where run)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "fedmgda_fmnist_long.png", dpi=120)
+    plt.close(fig)
+    print(f"figure: {FIGURES / 'fedmgda_fmnist_long.png'}")
+
+
+def fmnist_80_report() -> None:
+    """FedMGDA+ and FedAvg for 80 rounds: mean / std client test accuracy at every evaluated round."""
+    runs = {label: recs for label, recs in _runs(LONG80).items() if _evals(recs)}
+    if not runs:
+        return
+    rounds = sorted(set.union(*(set(_evals(r)) for r in runs.values())))
+    print(f"\n{LONG80}: mean / std client test accuracy % (worst-20% at the last round)")
+    print("| method | " + " | ".join(f"round {t}" for t in rounds) + " | worst-20% |")
+    print("|---|" + "---|" * (len(rounds) + 1))
+    for label, recs in runs.items():
+        ev = _evals(recs)
+        cells = " | ".join(f"{_pct(ev[t]['acc_mean'])} / {_pct(ev[t]['acc_std'])}" if t in ev else "–" for t in rounds)
+        print(f"| {label} | {cells} | {_pct(ev[max(ev)]['acc_worst20'])} @{max(ev)} |")
+
+
+def eps_report() -> None:
+    """Paper Fig. 1: FedMGDA+ from ε = 0 (FedAvg-n) to ε = 1 (normalised MGDA) at equal rounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cache = {name: _runs(name) for name in {LONG, EPS}}
+    rows = {eps: cache[name].get(label) for eps, (name, label) in EPS_RUNS.items()}
+    rows = {eps: recs for eps, recs in rows.items() if recs}
+    if len(rows) < 2:
+        return
+    common = sorted(set.intersection(*(set(_evals(r)) for r in rows.values())))
+    if not common:
+        return
+    horizon = common[-1]
+    print(f"\nFedMGDA+ epsilon sweep (rounds evaluated by every run; ε = 0 / 0.1 from {LONG}): "
+          "client test accuracy % mean / std; improved fraction and mean max λ over rounds 1.."
+          f"{horizon}")
+    print("| ε | run | " + " | ".join(f"round {t}" for t in common)
+          + " | worst-20% @" + str(horizon) + " | improved (mean) | max λ (mean) |")
+    print("|---|---|" + "---|" * (len(common) + 3))
+    for eps, recs in sorted(rows.items()):
+        ev = _evals(recs)
+        name, label = EPS_RUNS[eps]
+        fr = _fractions(recs, horizon)
+        lmax = [max(r["lambda"].values()) for r in recs if r.get("lambda") and int(r["round"]) <= horizon]
+        cells = " | ".join(f"{_pct(ev[t]['acc_mean'])} / {_pct(ev[t]['acc_std'])}" for t in common)
+        print(f"| {eps:g} | {name}/{label} | {cells} | {_pct(ev[horizon]['acc_worst20'])} | "
+              f"{(sum(fr) / len(fr)) if fr else float('nan'):.3f} | {(sum(lmax) / len(lmax)) if lmax else float('nan'):.3f} |")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for eps, recs in sorted(rows.items()):
+        ev = _evals(recs)
+        ts = [t for t in sorted(ev) if t <= horizon]
+        axes[0].plot(ts, [100 * ev[t]["acc_mean"] for t in ts], "o-", ms=3, label=f"ε = {eps:g}")
+        axes[1].plot(ts, [100 * ev[t]["acc_std"] for t in ts], "o-", ms=3, label=f"ε = {eps:g}")
+    axes[0].set_title("mean client test accuracy %")
+    axes[1].set_title("std of client test accuracy %")
+    for ax in axes:
+        ax.set_xlabel("round")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("FedMGDA+ ε sweep, Fashion-MNIST 100 x 5 shards, η₀ = 0.3 (ε = 0: FedAvg-n, ε = 1: normalised MGDA)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "fedmgda_fmnist_eps.png", dpi=120)
+    plt.close(fig)
+    print(f"figure: {FIGURES / 'fedmgda_fmnist_eps.png'}")
+
+
+def improvement_curves_report() -> None:
+    """Paper Fig. 4: fraction of participants with f_i(w_{t+1}) ≤ f_i(w_t), b = 10 and full batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = {
+        "b = 10": {f"{name}/{label}": recs for name in (LONG, EPS) for label, recs in _runs(name).items()
+                   if _fractions(recs)},
+        "full batch": {f"{FULLBATCH}/{label}": recs for label, recs in _runs(FULLBATCH).items() if _fractions(recs)},
+    }
+    if not any(panels.values()):
+        return
+    short = min((len(_fractions(r)) for p in panels.values() for r in p.values()), default=0)
+    print("\nFraction of participants whose full local training loss did not increase over the round")
+    print(f"| local batch | run | rounds | mean | min | rounds at 100% | mean over rounds 1..{short} |")
+    print("|---|---|---|---|---|---|---|")
+    for panel, runs in panels.items():
+        for key, recs in runs.items():
+            fr = _fractions(recs)
+            head = _fractions(recs, short)
+            print(f"| {panel} | {key} | {len(fr)} | {sum(fr) / len(fr):.3f} | {min(fr):.1f} | "
+                  f"{sum(x == 1.0 for x in fr)}/{len(fr)} | {sum(head) / len(head):.3f} |")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ax, (panel, runs) in zip(axes, panels.items(), strict=True):
+        for key, recs in runs.items():
+            rs = [int(r["round"]) for r in recs if r.get("improved_fraction") is not None]
+            ax.plot(rs, [100 * x for x in _fractions(recs)], ".-", lw=0.8, label=key.split("/", 1)[1])
+        ax.set_title(f"local batch: {panel}")
+        ax.set_xlabel("round")
+        if runs:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("% participants improved")
+    fig.tight_layout()
+    fig.savefig(FIGURES / "fedmgda_fmnist_improvement.png", dpi=120)
+    plt.close(fig)
+    print(f"figure: {FIGURES / 'fedmgda_fmnist_improvement.png'}")
+
+
+def scaling_report() -> None:
+    """Scaling attack: one client multiplies its update; FedMGDA+ and FedAvg with and without it."""
+    import tomllib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attacked = _runs(SCALING)
+    if not attacked or not SCALING_CONF.is_file():
+        return
+    rc = tomllib.loads(SCALING_CONF.read_text())["run-config"]
+    bad = str(rc.get("malicious-ids", "")).split(",")[0].strip()
+    clean = _runs(LONG)
+    # participation of the attacker (FairStrategy samples with the seed's generator, so every
+    # method sees the same clients each round; FedMGDA+ logs them as the keys of λ)
+    part = [int(r["round"]) for r in attacked.get("fedmgda+", []) if bad in (r.get("lambda") or {})]
+    print(f"\nScaling attack: partition {bad} multiplies its update by {rc.get('attack-scale')}; "
+          f"it was sampled in rounds {part}. Client test accuracy % mean / std / attacker's own")
+    rows = []
+    for label, recs in attacked.items():
+        rows.append((label, f"x{rc.get('attack-scale')}", recs))
+        if label in clean:
+            rows.append((label, "none", clean[label]))
+    common = sorted(set.intersection(*(set(_evals(r)) for _, _, r in rows)))
+    print("| method | attack | " + " | ".join(f"round {t}" for t in common) + " |")
+    print("|---|---|" + "---|" * len(common))
+    for label, attack, recs in sorted(rows):
+        ev = _evals(recs)
+        cells = " | ".join(f"{_pct(ev[t]['acc_mean'])} / {_pct(ev[t]['acc_std'])} / "
+                           f"{_pct(ev[t]['client_acc'][bad])}" for t in common)
+        print(f"| {label} | {attack} | {cells} |")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    colour = {label: f"C{k}" for k, label in enumerate(sorted(attacked))}
+    for label, attack, recs in sorted(rows):
+        ev = _evals(recs)
+        ts = [t for t in sorted(ev) if t <= common[-1]]
+        ax.plot(ts, [100 * ev[t]["acc_mean"] for t in ts], "o-" if attack == "none" else "s--", ms=4,
+                color=colour[label], label=f"{label}, attack {attack}")
+    for t in part:
+        ax.axvline(t, color="grey", lw=0.5, alpha=0.5)
+    ax.set_xlabel(f"round (grey: attacker {bad} sampled)")
+    ax.set_ylabel("mean client test accuracy %")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "fedmgda_fmnist_scaling.png", dpi=120)
+    plt.close(fig)
+    print(f"figure: {FIGURES / 'fedmgda_fmnist_scaling.png'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("adult", "fmnist", "report"))
@@ -202,6 +466,11 @@ def main() -> None:
     else:
         report()
         improvement_report()
+        fmnist_long_report()
+        fmnist_80_report()
+        eps_report()
+        improvement_curves_report()
+        scaling_report()
 
 
 if __name__ == "__main__":
