@@ -21,7 +21,8 @@ ClientApp may call it directly. :func:`drdsgd_reply` turns a ``train.drdsgd`` /
 Message config keys (message over run config): ``lr`` η, ``batch-size`` B,
 ``local-steps`` (default 1, the paper's single step per iteration), ``seed``,
 ``server-round``; message only: ``mu`` μ > 0 (required by ``train.drdsgd``),
-``tilt-log-cap`` c (default 50). Reply: ``arrays`` θ_i^{t+½} and ``metrics`` with
+``tilt-log-cap`` c ∈ [−709, 709] (default 50; the strategy sends log M when its
+``max-tilt-weight`` M is set, a departure from the paper). Reply: ``arrays`` θ_i^{t+½} and ``metrics`` with
 ``num-examples``, ``partition-id``, ``train_loss`` (mean minibatch loss ℓ_i over the
 local steps; with one step, the loss at the received θ_i^t), ``log_tilt_weight`` (mean
 over the local steps of log of the multiplier used uncapped: ℓ/μ − log μ for DR-DSGD,
@@ -38,7 +39,7 @@ from torch import nn
 
 from flowerdro.clients.handlers import get_runtime, message_settings, settings_for
 from flowerdro.clients.training import LocalData, StateDict, local_sgd, make_generator
-from flowerdro.core.tilted import DEFAULT_LOG_CAP, tilt_step
+from flowerdro.core.tilted import DEFAULT_LOG_CAP, MIN_LOG_CAP, tilt_step
 
 #: Salt that keeps DR-DSGD's minibatch stream apart from the other phases'.
 SALT_DRDSGD = 37
@@ -129,7 +130,9 @@ def drdsgd_local_step(
     steps : int (default: 1)
         Local steps S ≥ 1 per iteration.
     log_cap : float (default: DEFAULT_LOG_CAP = 50.0)
-        c ∈ [0, 709]: the multiplier never exceeds e^c.
+        c ∈ [−709, 709]: the multiplier never exceeds e^c. The default is an overflow
+        guard that does not bind in the paper's regimes; a binding cap (e.g. c = 0, the
+        strategy option ``max-tilt-weight`` = 1) is a departure from the paper.
     weight_decay : float (default: 0.0)
         Optional ℓ2 term, not scaled by the multiplier.
 
@@ -222,7 +225,7 @@ def drdsgd_reply(message: Message, context: Context, *, robust: bool | None = No
         mu=mu,
         robust=robust,
         steps=s.int("local-steps", 1, minimum=1),
-        log_cap=own.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=0.0),
+        log_cap=own.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
         weight_decay=s.float("weight-decay", 0.0, minimum=0.0),
     )
     metrics = MetricRecord(

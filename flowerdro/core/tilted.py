@@ -29,7 +29,9 @@ from scipy.special import logsumexp
 __all__ = [
     "DEFAULT_LOG_CAP",
     "MAX_LOG_CAP",
+    "MIN_LOG_CAP",
     "TiltScale",
+    "log_cap_from_max_weight",
     "log_tilt_weight",
     "relative_tilt_weights",
     "tilt_step",
@@ -50,6 +52,14 @@ DEFAULT_LOG_CAP: float = 50.0
 
 #: Largest allowed log cap: exp(709) ≈ 8.2e307 is still a finite float64.
 MAX_LOG_CAP: float = 709.0
+
+#: Smallest allowed log cap: exp(−709) ≈ 1.2e−308 is still a normal float64 > 0.
+#:
+#: A cap below :data:`DEFAULT_LOG_CAP` that actually binds (c < ℓ/μ − log μ for some
+#: device, e.g. c = 0, a multiplier of at most 1) is a safeguard of ours and a departure
+#: from the paper, which uses h/μ uncapped: it bounds the effective step η·min(h/μ, e^c)
+#: and removes the extra weight of devices whose loss is above μ(c + log μ).
+MIN_LOG_CAP: float = -709.0
 
 
 class TiltScale(NamedTuple):
@@ -99,16 +109,63 @@ def _check_loss(loss: Any) -> float:
 
 
 def _check_log_cap(log_cap: Any) -> float:
+    allowed = f"[{MIN_LOG_CAP}, {MAX_LOG_CAP}]"
     if isinstance(log_cap, bool) or isinstance(log_cap, str | bytes):
-        raise ValueError(f"log_cap must be a real number in [0, {MAX_LOG_CAP}], got {log_cap!r}")
+        raise ValueError(f"log_cap must be a real number in {allowed}, got {log_cap!r}")
     try:
         cap = float(log_cap)
     except (TypeError, ValueError):
+        raise ValueError(f"log_cap must be a real number in {allowed}, got {log_cap!r}") from None
+    if not MIN_LOG_CAP <= cap <= MAX_LOG_CAP:  # also rejects NaN
+        raise ValueError(f"log_cap must be a real number in {allowed}, got {cap}")
+    return cap
+
+
+def log_cap_from_max_weight(max_tilt_weight: Any) -> float:
+    """The log cap c = log M of a cap M on the step multiplier h/μ itself.
+
+    .. math::
+
+        \\min\\big(\\tfrac{h}{\\mu}, M\\big) = \\exp\\big(\\min(\\tfrac{\\ell}{\\mu} - \\log\\mu,\\; \\log M)\\big),
+
+    so ``tilt_step(loss, mu, log_cap=log_cap_from_max_weight(M)).scale`` never exceeds M.
+    A binding M (e.g. M = 1, never a larger step than DSGD's) departs from the paper; see
+    :data:`MIN_LOG_CAP`.
+
+    Parameters
+    ----------
+    max_tilt_weight : float
+        M, with e^−709 ≤ M ≤ e^709 (any M in [1e−300, 1e300] is fine).
+
+    Returns
+    -------
+    float
+        log M.
+
+    Raises
+    ------
+    ValueError
+        If M is not a finite real number > 0 or log M lies outside [−709, 709].
+
+    Examples
+    --------
+    >>> log_cap_from_max_weight(1.0)
+    0.0
+    """
+    bad = f"max-tilt-weight must be a finite real number > 0 (the cap on h/mu), got {max_tilt_weight!r}"
+    if isinstance(max_tilt_weight, bool) or isinstance(max_tilt_weight, str | bytes):
+        raise ValueError(bad)
+    try:
+        m = float(max_tilt_weight)
+    except (TypeError, ValueError):
+        raise ValueError(bad) from None
+    if not math.isfinite(m) or m <= 0.0:
+        raise ValueError(bad)
+    cap = math.log(m)
+    if not MIN_LOG_CAP <= cap <= MAX_LOG_CAP:
         raise ValueError(
-            f"log_cap must be a real number in [0, {MAX_LOG_CAP}], got {log_cap!r}"
-        ) from None
-    if not 0.0 <= cap <= MAX_LOG_CAP:  # also rejects NaN
-        raise ValueError(f"log_cap must be a real number in [0, {MAX_LOG_CAP}], got {cap}")
+            f"max-tilt-weight must lie in [exp({MIN_LOG_CAP}), exp({MAX_LOG_CAP})], got {m!r}"
+        )
     return cap
 
 
@@ -185,7 +242,8 @@ def tilt_step(loss: float, mu: float, *, log_cap: float = DEFAULT_LOG_CAP) -> Ti
     mu : float
         μ > 0.
     log_cap : float (default: DEFAULT_LOG_CAP = 50.0)
-        c ∈ [0, 709]: the multiplier never exceeds e^c (e^50 ≈ 5.18e21).
+        c ∈ [−709, 709]: the multiplier never exceeds e^c (e^50 ≈ 5.18e21). A binding
+        cap (c < 50 in practice) departs from the paper, see :data:`MIN_LOG_CAP`.
 
     Returns
     -------
@@ -195,7 +253,7 @@ def tilt_step(loss: float, mu: float, *, log_cap: float = DEFAULT_LOG_CAP) -> Ti
     Raises
     ------
     ValueError
-        As :func:`log_tilt_weight`, or log_cap outside [0, 709].
+        As :func:`log_tilt_weight`, or log_cap outside [−709, 709].
 
     Examples
     --------
@@ -230,7 +288,7 @@ def tilt_step_scale(loss: float, mu: float, *, log_cap: float = DEFAULT_LOG_CAP)
     mu : float
         μ > 0.
     log_cap : float (default: DEFAULT_LOG_CAP = 50.0)
-        c ∈ [0, 709].
+        c ∈ [−709, 709].
 
     Returns
     -------
@@ -240,7 +298,7 @@ def tilt_step_scale(loss: float, mu: float, *, log_cap: float = DEFAULT_LOG_CAP)
     Raises
     ------
     ValueError
-        If mu <= 0 or not finite, loss is NaN or infinite, or log_cap is outside [0, 709].
+        If mu <= 0 or not finite, loss is NaN or infinite, or log_cap is outside [−709, 709].
 
     Examples
     --------

@@ -22,9 +22,16 @@ keeps its own model θ_i; at iteration t every device i
 Flower is a star network, so this strategy *relays* the gossip: the server holds the K
 device models and W, sends every node *its own* θ_i in ``train.drdsgd`` (or
 ``train.dsgd``), and mixes the returned half-step models with W. Nothing is averaged
-globally except the reported θ̄ = (1/K) Σ_i θ_i. Each node is evaluated on its own model
-(the paper's per-device test accuracy). A node whose reply is dropped (error, timeout,
-NaN, wrong shape) keeps θ_i^{t+½} = θ_i^t, i.e. it is mixed as if it had not moved.
+globally except the reported θ̄ = (1/K) Σ_i θ_i. By default (``eval_model="own"``) each
+node is evaluated on its own model θ_i; with ``eval_model="average"`` every node evaluates
+the consensus average θ̄ on its own test set instead (reporting only: θ̄ is never sent in
+a train message). A node whose reply is dropped (error, timeout, NaN, wrong shape) keeps
+θ_i^{t+½} = θ_i^t, i.e. it is mixed as if it had not moved.
+
+The step multiplier h_i/μ is used as the paper states it; the clients only cap it at
+e^50 as an overflow guard that does not bind in the paper's regimes. ``max_tilt_weight``
+M (or ``log_cap`` c = log M) caps it lower, min(h_i/μ, M); a cap that binds is a
+safeguard of ours against the divergence of small μ, not part of the paper.
 
 In a peer-to-peer deployment the same iteration exchanges, over every edge (i, j) of
 G_t, θ_i^{t+½} from i to j and θ_j^{t+½} from j to i (2·|E_t| model transfers per
@@ -53,7 +60,12 @@ from flowerdro.core.graphs import (
     mix,
     spectral_gap_rho,
 )
-from flowerdro.core.tilted import DEFAULT_LOG_CAP, MAX_LOG_CAP
+from flowerdro.core.tilted import (
+    DEFAULT_LOG_CAP,
+    MAX_LOG_CAP,
+    MIN_LOG_CAP,
+    log_cap_from_max_weight,
+)
 from flowerdro.strategies.base import (
     NUM_EXAMPLES,
     FairStrategy,
@@ -63,6 +75,9 @@ from flowerdro.strategies.base import (
 
 #: Message types of the train phase (the ClientApp routes both to the same handler).
 TRAIN_DRDSGD, TRAIN_DSGD = "train.drdsgd", "train.dsgd"
+
+#: Which model a device evaluates: its own θ_i, or the consensus average θ̄.
+EVAL_MODELS = ("own", "average")
 
 Layers = list[np.ndarray]
 
@@ -106,7 +121,16 @@ class DRDSGD(FairStrategy):
     local_steps : int (default: 1)
         Local steps per iteration (the paper takes one).
     log_cap : float (default: DEFAULT_LOG_CAP = 50.0)
-        c ∈ [0, 709]: clients cap h/μ at e^c.
+        c ∈ [−709, 709]: clients cap h/μ at e^c. The default is an overflow guard that
+        does not bind in the paper's regimes; a smaller c departs from the paper.
+    max_tilt_weight : float, optional
+        M > 0: cap h/μ at M itself (sets c = log M; give either this or ``log_cap``).
+        Not in the paper: a safeguard against the runaway of small μ (a device whose loss
+        rises takes a larger step). M = 1 never steps further than DSGD.
+    eval_model : str (default: "own")
+        ``own``: device i evaluates its own θ_i (rewards personalised models when the
+        test sets have the devices' label mixes); ``average``: every device evaluates the
+        consensus average θ̄ = (1/K) Σ_j θ_j on its own test set.
     **kwargs
         Passed to :class:`FairStrategy` (``fraction_train`` must stay 1: every device
         steps at every iteration).
@@ -115,7 +139,8 @@ class DRDSGD(FairStrategy):
     ------
     ValueError
         μ ≤ 0, an unknown topology, p outside (0, 1], radius outside (0, √2], K too small
-        for the topology, a disconnected graph, fraction_train < 1.
+        for the topology, a disconnected graph, fraction_train < 1, a bad log_cap /
+        max_tilt_weight or both given, an unknown eval_model.
     """
 
     name = "drdsgd"
@@ -134,6 +159,8 @@ class DRDSGD(FairStrategy):
         num_nodes: int | None = None,
         local_steps: int = 1,
         log_cap: float = DEFAULT_LOG_CAP,
+        max_tilt_weight: float | None = None,
+        eval_model: str = "own",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -168,8 +195,21 @@ class DRDSGD(FairStrategy):
                 raise ValueError(f"graph-radius: must be in (0, √2], got {radius}")
         if local_steps < 1:
             raise ValueError(f"local-steps: must be >= 1, got {local_steps}")
-        if not 0.0 <= float(log_cap) <= MAX_LOG_CAP:
-            raise ValueError(f"tilt-log-cap: must be in [0, {MAX_LOG_CAP}], got {log_cap}")
+        if max_tilt_weight is not None:
+            if float(log_cap) != DEFAULT_LOG_CAP:
+                raise ValueError(
+                    "max-tilt-weight: give either max-tilt-weight M or tilt-log-cap c = log M, "
+                    f"not both (got M={max_tilt_weight}, c={log_cap})"
+                )
+            log_cap = log_cap_from_max_weight(max_tilt_weight)
+        if not MIN_LOG_CAP <= float(log_cap) <= MAX_LOG_CAP:
+            raise ValueError(
+                f"tilt-log-cap: must be in [{MIN_LOG_CAP}, {MAX_LOG_CAP}], got {log_cap}"
+            )
+        if eval_model not in EVAL_MODELS:
+            raise ValueError(
+                f"eval-model: unknown value {eval_model!r}; allowed: {', '.join(EVAL_MODELS)}"
+            )
         graph_seed = self.seed if graph_seed is None else int(graph_seed)
         if graph_seed < 0:
             raise ValueError(f"graph-seed: must be >= 0, got {graph_seed}")
@@ -182,6 +222,15 @@ class DRDSGD(FairStrategy):
         self.graph_seed = graph_seed
         self.local_steps = int(local_steps)
         self.log_cap = float(log_cap)
+        self.eval_model = eval_model
+        if self.robust and self.log_cap < DEFAULT_LOG_CAP:
+            log(
+                WARNING,
+                "[%s] h/mu capped at %.4g (tilt-log-cap %.4g): a safeguard, not in the paper",
+                self.run_name,
+                math.exp(self.log_cap),
+                self.log_cap,
+            )
         self.num_nodes: int | None = None
         self.schedule: GraphSchedule | None = None
         if num_nodes is not None:
@@ -240,6 +289,9 @@ class DRDSGD(FairStrategy):
                 "num_nodes": self.num_nodes,
                 "local_steps": self.local_steps,
                 "tilt_log_cap": self.log_cap if self.robust else None,
+                "max_tilt_weight": math.exp(self.log_cap) if self.robust else None,
+                "tilt_cap_departs_from_paper": self.robust and self.log_cap < DEFAULT_LOG_CAP,
+                "eval_model": self.eval_model,
             }
         )
         if self.schedule is not None and not self.resample:
@@ -464,9 +516,16 @@ class DRDSGD(FairStrategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Every device evaluates *its own* θ_i on its own test set (type ``evaluate``)."""
+        """Every device evaluates θ_i (``eval_model="own"``) or θ̄ (``"average"``) on its own test set.
+
+        θ̄ = (1/K) Σ_j θ_j^t over all K devices (:meth:`average_model`), the same for every
+        device; messages of type ``evaluate``.
+        """
         if self.fraction_evaluate == 0.0 or self.models is None:
             return []
+        average = (
+            arrays_to_numpy(self.average_model()) if self.eval_model == "average" else None
+        )
         connected = set(self.nodes(grid))
         nodes = [nid for nid in sorted(self.models) if nid in connected]
         k = max(1, round(self.fraction_evaluate * len(nodes)))
@@ -474,9 +533,10 @@ class DRDSGD(FairStrategy):
         config["server-round"] = server_round
 
         def content(nid: int) -> RecordDict:
+            layers = average if average is not None else self.models[nid]  # type: ignore[index]
             return RecordDict(
                 {
-                    "arrays": numpy_to_arrays(self.keys, self.models[nid]),  # type: ignore[index]
+                    "arrays": numpy_to_arrays(self.keys, layers),
                     "config": ConfigRecord(dict(config)),
                 }
             )
@@ -493,7 +553,8 @@ def dsgd(**kwargs: Any) -> DRDSGD:
     """DSGD: plain local SGD steps + Metropolis gossip (DR-DSGD with h/μ = 1)."""
     kwargs.pop("mu", None)
     kwargs.pop("log_cap", None)
+    kwargs.pop("max_tilt_weight", None)
     return DRDSGD(robust=False, **kwargs)
 
 
-__all__ = ["DRDSGD", "TRAIN_DRDSGD", "TRAIN_DSGD", "drdsgd", "dsgd"]
+__all__ = ["DRDSGD", "EVAL_MODELS", "TRAIN_DRDSGD", "TRAIN_DSGD", "drdsgd", "dsgd"]

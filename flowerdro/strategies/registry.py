@@ -92,6 +92,8 @@ def _qfedavg(s: Settings, kw: dict[str, Any]) -> FairStrategy:
 
 def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:
     """Graph and local-step settings shared by DR-DSGD and DSGD (see flowerdro.strategies.drdsgd)."""
+    from flowerdro.strategies.drdsgd import EVAL_MODELS
+
     topology = s.str("topology", "erdos_renyi")
     return {
         "topology": topology,
@@ -102,6 +104,7 @@ def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:
         "graph_seed": s.int("graph-seed", 0, minimum=0) if s.has("graph-seed") else None,
         "num_nodes": s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
         "local_steps": s.int("local-steps", 1, minimum=1),
+        "eval_model": s.str("eval-model", "own", choices=EVAL_MODELS),
     }
 
 
@@ -124,9 +127,12 @@ def _every_device(kw: dict[str, Any], name: str) -> dict[str, Any]:
 
 @register("drdsgd")
 def _drdsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import DEFAULT_LOG_CAP, drdsgd
+    from flowerdro.strategies.drdsgd import DEFAULT_LOG_CAP, MIN_LOG_CAP, drdsgd
 
-    return drdsgd(mu=s.float("mu", 6.0, positive=True), log_cap=s.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=0.0),
+    # max-tilt-weight M (cap h/mu at M, not in the paper) or tilt-log-cap c = log M; not both.
+    return drdsgd(mu=s.float("mu", 6.0, positive=True),
+                  log_cap=s.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
+                  max_tilt_weight=s.float("max-tilt-weight", 1.0, positive=True) if s.has("max-tilt-weight") else None,
                   **_drdsgd_kwargs(s), **_every_device(kw, "drdsgd"))
 
 
@@ -320,7 +326,12 @@ def _fedavg_pgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
 def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_init: str,
                     proximal_mu: float = 0.0) -> dict[str, Any]:
     """FedMGDA+-family settings from the run config (keys documented in flowerdro.strategies.fedmgda)."""
-    from flowerdro.strategies.fedmgda import GRAM_PRECISIONS, IMPROVEMENT_BEFORE, LAMBDA_INITS
+    from flowerdro.strategies.fedmgda import (
+        DEVICES,
+        GRAM_PRECISIONS,
+        IMPROVEMENT_BEFORE,
+        LAMBDA_INITS,
+    )
 
     return {
         "eps": s.float("eps", eps, minimum=0.0, maximum=1.0) if eps is not None else None,
@@ -340,6 +351,7 @@ def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_i
         "track_improvement": s.bool("track-improvement", False),
         "improvement_before": s.str("improvement-before", "train-loss", choices=IMPROVEMENT_BEFORE),
         "gram_precision": s.str("gram-precision", "auto", choices=GRAM_PRECISIONS),
+        "server_device": s.str("server-device", "auto", choices=DEVICES),
     }
 
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import evaluate_model
@@ -95,3 +96,26 @@ def test_ring_drdsgd_weights_high_loss_devices_more(synth_rc):
     worst = max(last["train_loss_device"], key=last["train_loss_device"].get)
     assert max(last["log_tilt_weight"], key=last["log_tilt_weight"].get) == worst
     assert last["transfers"] == 2 * 5
+
+
+def test_eval_model_average_scores_the_consensus_average_on_each_device(synth_rc):
+    # Prepare: a ring keeps the device models apart, so θ̄ and θ_i give different scores.
+    cfg = {**_cfg(synth_rc, topology="ring", **{"eval-model": "average"}), "strategies": ["drdsgd"]}
+    # Execute
+    res = run(cfg, output_root=None, verbose=False)
+    # Assert: every device's accuracy is that of θ̄ = (1/K) Σ_i θ_i (averaged here from the
+    # device models, not taken from the strategy's reported model) on its own test set.
+    strategy = res.strategies["drdsgd"][0]
+    assert strategy.settings()["eval_model"] == "average"
+    device = {pid: strategy.device_model(pid) for pid in range(5)}
+    keys = list(device[0].keys())
+    avg = {k: np.mean([device[p][k].numpy().astype(np.float64) for p in range(5)], axis=0) for k in keys}
+    assert max(
+        float(np.abs(device[p][k].numpy() - avg[k]).max()) for p in range(5) for k in keys
+    ) > 1e-4  # the devices did not reach consensus
+    theta_bar = ArrayRecord({k: Array(avg[k].astype(device[0][k].numpy().dtype)) for k in keys})
+    for pid, ctx in _contexts(synth_rc, 5).items():
+        rt = get_runtime(ctx)
+        loss, acc = evaluate_model(rt.model_from(theta_bar), rt.data.x_test, rt.data.y_test)
+        assert strategy.client_metrics[pid]["test_acc"] == pytest.approx(acc, abs=1e-9)
+        assert strategy.client_metrics[pid]["test_loss"] == pytest.approx(loss, rel=1e-5)

@@ -142,6 +142,101 @@ def test_gossip_step_matches_hand_computation_and_each_node_gets_its_own_model()
     np.testing.assert_allclose(theta2.mean(axis=0), 2 * D.mean(axis=0), rtol=1e-12)
 
 
+def test_eval_model_average_sends_the_consensus_average_to_every_device():
+    # Prepare: as above, but every device evaluates θ̄ instead of its own θ_i.
+    K = 5
+    deltas = {i: np.array([i + 1.0, -2.0 * i, 0.5 * i * i], dtype=np.float64) for i in range(K)}
+    grid = ScriptGrid(deltas)
+    strategy = _ring_strategy(K, eval_model="average")
+    # Execute
+    strategy.start(grid, ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=2, timeout=10)
+    # Assert: θ̄^2 worked out by hand from the gossip (the mean of the rows of θ^2) ...
+    D = np.stack([deltas[i] for i in range(K)])
+    theta1 = _ring_by_hand(D)
+    theta2 = _ring_by_hand(theta1 + D)
+    avg2 = theta2.mean(axis=0)
+    # ... and, another way, θ̄ is preserved by a doubly stochastic W: θ̄^2 = 2·mean(δ)
+    np.testing.assert_allclose(avg2, 2 * D.mean(axis=0), rtol=1e-12)
+    evaluated = {pid: th for mt, rnd, pid, th in grid.received if mt == "evaluate" and rnd == 2}
+    assert sorted(evaluated) == list(range(K))
+    for i in range(K):
+        np.testing.assert_allclose(evaluated[i], avg2, rtol=1e-12)
+        assert strategy.client_metrics[i]["test_loss"] == pytest.approx(avg2.sum(), rel=1e-9)
+    # training still sends each device its own model, and the devices still differ
+    sent2 = {pid: th for mt, rnd, pid, th in grid.received if mt == "train.drdsgd" and rnd == 2}
+    for i in range(K):
+        np.testing.assert_allclose(sent2[i], theta1[i], rtol=1e-12)
+        np.testing.assert_allclose(strategy.device_model(i)["w"].numpy(), theta2[i], rtol=1e-12)
+    assert not np.allclose(theta2[0], avg2)
+    assert strategy.settings()["eval_model"] == "average"
+
+
+@pytest.mark.parametrize("name", ["drdsgd", "dsgd"])
+def test_eval_model_is_read_from_the_run_config_and_checked(name):
+    assert build_strategy(name, {"num-partitions": 5}).eval_model == "own"
+    assert build_strategy(name, {"num-partitions": 5, "eval-model": "average"}).eval_model == "average"
+    with pytest.raises(ValueError, match="eval-model"):
+        build_strategy(name, {"num-partitions": 5, "eval-model": "mean"})
+    with pytest.raises(ValueError, match="eval-model"):
+        DRDSGD(mu=1.0, robust=name == "drdsgd", eval_model="global")
+
+
+def test_max_tilt_weight_sets_the_log_cap_sent_to_clients_and_is_flagged():
+    # default: the e^50 overflow guard, as the paper's algorithm (no binding cap)
+    default = build_strategy("drdsgd", {"num-partitions": 5})
+    assert default.log_cap == 50.0 and default.settings()["tilt_cap_departs_from_paper"] is False
+    capped = build_strategy("drdsgd", {"num-partitions": 5, "max-tilt-weight": 0.5})
+    assert capped.log_cap == pytest.approx(math.log(0.5), rel=1e-15)
+    settings = capped.settings()
+    assert settings["max_tilt_weight"] == pytest.approx(0.5, rel=1e-15)
+    assert settings["tilt_cap_departs_from_paper"] is True
+    grid = ScriptGrid({i: np.zeros(1) for i in range(5)})
+    capped._init_models(grid, ArrayRecord({"w": Array(np.zeros(1))}))
+    msgs = list(capped.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
+    assert all(m.content["config"]["tilt-log-cap"] == pytest.approx(math.log(0.5)) for m in msgs)
+    # DSGD has no multiplier, so the option does nothing there
+    assert build_strategy("dsgd", {"num-partitions": 5, "max-tilt-weight": 0.5}).settings()[
+        "max_tilt_weight"
+    ] is None
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ({"max-tilt-weight": 0.0}, "max-tilt-weight"),
+        ({"max-tilt-weight": -2.0}, "max-tilt-weight"),
+        ({"max-tilt-weight": 1.0, "tilt-log-cap": 3.0}, "not both"),
+        ({"tilt-log-cap": -800.0}, "tilt-log-cap"),
+    ],
+)
+def test_bad_tilt_caps_are_named(extra, match):
+    with pytest.raises(ValueError, match=match):
+        build_strategy("drdsgd", {"num-partitions": 5, **extra})
+
+
+def test_client_step_with_max_tilt_weight_is_min_of_multiplier_and_cap():
+    # μ = 0.5 makes exp(ℓ/μ)/μ well above 1 for a cross-entropy of order 1, so M = 1 binds
+    model, data = _toy(seed=7)
+    mu, cap = 0.5, 1.0
+    expected, loss = _manual_step(
+        model, data, 0.2, 8, (0, 3, 2), lambda l: min(math.exp(l / mu) / mu, cap)
+    )
+    assert math.exp(loss / mu) / mu > cap
+    res = drdsgd_local_step(
+        model,
+        data,
+        lr=0.2,
+        batch_size=8,
+        generator=drdsgd_generator(0, 3, 2),
+        mu=mu,
+        log_cap=math.log(cap),
+    )
+    assert res.capped == 1 and res.scales == [pytest.approx(cap)]
+    assert res.log_weights[0] == pytest.approx(loss / mu - math.log(mu), rel=1e-6)
+    np.testing.assert_allclose(res.state["weight"].numpy(), expected[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res.state["bias"].numpy(), expected[1], rtol=1e-5, atol=1e-6)
+
+
 def test_round_log_has_consensus_distance_transfers_rho_and_tilt_weights():
     K = 4
     deltas = {i: np.array([float(i), 1.0], dtype=np.float64) for i in range(K)}
@@ -325,6 +420,23 @@ def test_handler_reply_keys_and_log_weight(synth_rc):
     }
     assert m["partition-id"] == 1 and m["tilt_capped"] == 0
     assert m["log_tilt_weight"] == pytest.approx(m["train_loss"] / 1.5 - math.log(1.5), rel=1e-9)
+    # a cap below 1 (max-tilt-weight 0.5, sent as tilt-log-cap = log 0.5 < 0) is accepted
+    low = ConfigRecord({**dict(cfg), "tilt-log-cap": math.log(0.5)})
+    capped = grid.send_and_receive(
+        [Message(content=RecordDict({"arrays": init, "config": low}), dst_node_id=grid.node_ids[1],
+                 message_type="train.drdsgd")]
+    )[0]
+    assert not capped.has_error(), capped.error
+    mc = capped.content["metrics"]
+    assert mc["log_tilt_weight"] == pytest.approx(m["log_tilt_weight"], rel=1e-9)  # same batch
+    assert mc["log_tilt_weight"] > math.log(0.5) and mc["tilt_capped"] == 1
+    # same minibatch, same gradient: the capped update is the uncapped one scaled by 0.5/(h/μ)
+    theta0 = {k: init[k].numpy().astype(np.float64) for k in init.keys()}
+    ratio = 0.5 / math.exp(m["log_tilt_weight"])
+    for k in init.keys():
+        full = reply.content["arrays"][k].numpy() - theta0[k]
+        part = capped.content["arrays"][k].numpy() - theta0[k]
+        np.testing.assert_allclose(part, ratio * full, rtol=1e-4, atol=1e-7)
     # without mu the robust handler refuses, naming the key
     del cfg["mu"]
     bad = Message(

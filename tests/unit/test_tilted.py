@@ -12,6 +12,7 @@ from scipy.special import softmax
 from flowerdro.core.tilted import (
     DEFAULT_LOG_CAP,
     TiltScale,
+    log_cap_from_max_weight,
     log_tilt_weight,
     relative_tilt_weights,
     tilt_step,
@@ -139,10 +140,33 @@ def test_nan_loss_message():
         log_tilt_weight(float("nan"), 1.0)
 
 
-@pytest.mark.parametrize("log_cap", [-1.0, 710.0, float("nan"), float("inf"), "50"])
+@pytest.mark.parametrize("log_cap", [-710.0, 710.0, float("nan"), float("inf"), "50"])
 def test_bad_log_cap_rejected(log_cap):
     with pytest.raises(ValueError, match="log_cap"):
         tilt_step_scale(1.0, 1.0, log_cap=log_cap)
+
+
+@pytest.mark.parametrize("max_weight", [0.05, 0.5, 1.0, 2.0, 10.0])
+@pytest.mark.parametrize(("loss", "mu"), [(0.1, 2.0), (1.0, 2.0), (2.3, 2.0), (6.0, 2.0), (3.0, 6.0)])
+def test_max_tilt_weight_is_min_of_direct_formula_and_cap(loss, mu, max_weight):
+    # min(exp(ℓ/μ)/μ, M) straight from the formula, against the log-domain cap c = log M
+    direct = math.exp(loss / mu) / mu
+    step = tilt_step(loss, mu, log_cap=log_cap_from_max_weight(max_weight))
+    assert step.scale == pytest.approx(min(direct, max_weight), rel=1e-12)
+    assert step.capped == (direct > max_weight)
+    assert step.log_weight == pytest.approx(math.log(direct), rel=1e-12)  # never capped
+
+
+def test_max_tilt_weight_below_one_is_a_negative_log_cap():
+    assert log_cap_from_max_weight(1.0) == 0.0
+    assert log_cap_from_max_weight(0.25) == pytest.approx(-math.log(4.0), rel=1e-15)
+    assert tilt_step_scale(100.0, 1.0, log_cap=log_cap_from_max_weight(0.25)) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("max_weight", [0.0, -1.0, float("nan"), float("inf"), "1", True, None, 1e-310])
+def test_bad_max_tilt_weight_rejected(max_weight):
+    with pytest.raises(ValueError, match="max-tilt-weight"):
+        log_cap_from_max_weight(max_weight)
 
 
 # ----------------------------------------------------------------------------------------
