@@ -23,6 +23,7 @@ from torch import nn
 
 from flowerdro.clients.config import Settings
 from flowerdro.clients.training import (
+    LOSS_BEFORE_ON,
     LocalData,
     LossFn,
     batch_loss,
@@ -198,9 +199,12 @@ def train_reply(
 
     Config keys (message over run config): ``lr`` η, ``local-steps`` τ (or ``local-epochs``),
     ``batch-size``, ``proximal-mu`` μ (FedProx), ``snapshot-step`` t′ (DRFA), ``seed``,
-    ``server-round``. Metrics: ``num-examples``, ``partition-id``, ``train_loss`` (loss of the
-    *received* model on all local training data, as q-FedAvg needs), ``train_loss_local``
-    (mean minibatch loss during the steps), ``local-steps``.
+    ``server-round``, ``train-loss-on`` (``full``, the default, or ``batch``). Metrics:
+    ``num-examples``, ``partition-id``, ``train_loss`` (loss of the *received* model on all
+    local training data, as q-FedAvg and FedMGDA+'s improvement tracking need; with
+    ``train-loss-on = "batch"`` on the first minibatch only, which saves one forward pass over
+    the local data per round), ``train_loss_local`` (mean minibatch loss during the steps),
+    ``local-steps``.
     """
     rt = get_runtime(context)
     s = settings_for(message, context)
@@ -221,6 +225,7 @@ def train_reply(
         proximal_mu=own.float("proximal-mu", 0.0, minimum=0.0),
         snapshot_step=snapshot_step or None,
         weight_decay=s.float("weight-decay", 0.0, minimum=0.0),
+        loss_before_on=s.str("train-loss-on", "full", choices=LOSS_BEFORE_ON[:2]),
         loss_fn=rt.loss_fn,
     )
     attack, amount = attack_of(s, rt.partition_id)

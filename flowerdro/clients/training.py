@@ -18,6 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+LOSS_BEFORE_ON: tuple[str, ...] = ("full", "batch", "none")
+"""Where :func:`local_sgd` measures the received model's loss (run config ``train-loss-on``)."""
+
 StateDict = dict[str, torch.Tensor]
 
 #: A loss ``loss_fn(model_output, targets) -> mean loss`` (a scalar tensor).
@@ -213,8 +216,11 @@ def local_sgd(
         Minibatch size ≥ 1 (clipped to the local data size).
     generator : torch.Generator
         Source of the minibatch order.
-    loss_before_on : {"full", "none"}
-        Compute the loss of the received model on all local training data ("full") or skip.
+    loss_before_on : {"full", "batch", "none"}
+        The loss of the received model w⁰ reported as ``loss_before``: on all local training
+        data ("full", one extra forward pass over the data), on the first minibatch B_1
+        ("batch": ℓ_{B_1}(w⁰), the loss the first step computes anyway, so free), or not at
+        all ("none": NaN).
     loss_fn : callable, optional
         ℓ(output, target) → mean loss; cross-entropy when unset (:func:`mse_loss` for
         regression).
@@ -229,6 +235,8 @@ def local_sgd(
         raise ValueError(f"proximal-mu: must be >= 0, got {proximal_mu}")
     if snapshot_step is not None and not 1 <= snapshot_step <= steps:
         raise ValueError(f"snapshot-step: must be in [1, {steps}], got {snapshot_step}")
+    if loss_before_on not in LOSS_BEFORE_ON:
+        raise ValueError(f"train-loss-on: must be one of {', '.join(LOSS_BEFORE_ON)}, got {loss_before_on!r}")
 
     device = data.x_train.device
     loss_before = (
@@ -249,6 +257,8 @@ def local_sgd(
         loss.backward()
         lval = float(loss.detach())
         loss_sum += lval
+        if t == 1 and loss_before_on == "batch":
+            loss_before = lval
         if grad_hook is not None:
             grad_hook(model, t)
         scale = step_scale(lval) if step_scale is not None else 1.0

@@ -59,6 +59,24 @@ def test_loss_before_is_loss_of_received_model_and_snapshot_is_step_t():
     torch.testing.assert_close(res.snapshot["linear.weight"], snap[0], rtol=1e-5, atol=1e-6)
 
 
+def test_loss_before_on_batch_is_the_received_models_loss_on_the_first_minibatch():
+    data = _data(n=20)
+    received = build_model("logreg", (4,), 3, seed=3)
+    idx = next(minibatches(data.num_train, 5, make_generator(11), torch.device("cpu")))
+    expected = float(F.cross_entropy(received(data.x_train[idx]), data.y_train[idx]))
+    res = local_sgd(build_model("logreg", (4,), 3, seed=3), data, steps=4, lr=0.2, batch_size=5,
+                    generator=make_generator(11), loss_before_on="batch")
+    assert res.loss_before == pytest.approx(expected, rel=1e-6)
+    # the trained model does not depend on where the loss was measured
+    full = local_sgd(build_model("logreg", (4,), 3, seed=3), data, steps=4, lr=0.2, batch_size=5,
+                     generator=make_generator(11))
+    torch.testing.assert_close(res.state["linear.weight"], full.state["linear.weight"])
+    assert np.isnan(local_sgd(build_model("logreg", (4,), 3, seed=3), data, steps=1, lr=0.2, batch_size=5,
+                              generator=make_generator(11), loss_before_on="none").loss_before)
+    with pytest.raises(ValueError, match="train-loss-on"):
+        local_sgd(received, data, steps=1, lr=0.2, batch_size=5, generator=make_generator(0), loss_before_on="all")
+
+
 def test_minibatches_cover_each_epoch_once():
     gen = make_generator(0)
     it = minibatches(10, 5, gen, torch.device("cpu"))
