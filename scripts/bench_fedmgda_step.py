@@ -37,16 +37,14 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 
 from flowerdro.core.mgda import combine_rows, gram_matrix, min_norm_weights
-from flowerdro.experiments.inprocess import ensure_task_identity
+from flowerdro.experiments.inprocess import LocalGrid, ensure_task_identity
 from flowerdro.strategies.fedmgda import (
     FedMGDA,
     StreamingServerStep,
@@ -141,28 +139,15 @@ def bench_stream(w: list[np.ndarray], locs: list[list[np.ndarray]]) -> dict[str,
     return out
 
 
-class OneByOneGrid(Grid):
+class OneByOneGrid(LocalGrid):
     """Nodes 1..m whose prepared ``train.sgd`` replies are handed out one per pull."""
 
     def __init__(self, contents: list[RecordDict]) -> None:
         ensure_task_identity()
         self.contents = contents
-        self.ids = list(range(1, len(contents) + 1))
+        self.node_ids = list(range(1, len(contents) + 1))
         self.queue: list[Message] = []
         self.last_reply_at = self.last_reply_cpu = 0.0
-
-    def set_run(self, run):  # noqa: D102
-        pass
-
-    @property
-    def run(self):  # noqa: D102
-        return None
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return list(self.ids)
 
     def push_messages(self, messages):  # noqa: D102
         out = []

@@ -59,8 +59,34 @@ class Fault:
         return True
 
 
+class LocalGrid(Grid):
+    """The part of Flower's ``Grid`` every grid living in this process shares.
+
+    Subclasses set ``node_ids`` and implement ``push_messages``, ``pull_messages`` and
+    ``send_and_receive``; messages are built locally (no SuperLink), ``run`` is whatever
+    ``set_run`` was given.
+    """
+
+    node_ids: list[int]
+    _run: Any = None
+
+    def set_run(self, run: Any) -> None:  # noqa: D102
+        self._run = run
+
+    @property
+    def run(self) -> Any:  # noqa: D102
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:  # noqa: D102
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return list(self.node_ids)
+
+
 @dataclass
-class InProcessGrid(Grid):
+class InProcessGrid(LocalGrid):
     """Grid whose nodes are ClientApp calls in this process.
 
     Parameters
@@ -110,20 +136,7 @@ class InProcessGrid(Grid):
         self._run: Any = None
         ensure_task_identity()
 
-    # -- Grid API ---------------------------------------------------------------------
-    def set_run(self, run: Any) -> None:  # noqa: D102
-        self._run = run
-
-    @property
-    def run(self) -> Any:  # noqa: D102
-        return self._run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:  # noqa: D102
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return list(self.node_ids)
+    # -- Grid API (set_run, run, create_message, get_node_ids from LocalGrid) -----------
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Queue ``messages`` (nothing runs yet) and return their message ids, in order."""

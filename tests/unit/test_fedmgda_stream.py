@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 
 from flowerdro.core.mgda import min_norm_weights
-from flowerdro.experiments.inprocess import ensure_task_identity
+from flowerdro.experiments.inprocess import LocalGrid, ensure_task_identity
 from flowerdro.strategies.base import FairStrategy, array_view, record_bytes
 from flowerdro.strategies.fedmgda import (
     GRAM_BLOCK,
@@ -152,29 +151,16 @@ def _arrays(v: float, n: int = 3) -> ArrayRecord:
     return ArrayRecord({"w": Array(np.full(n, v, dtype=np.float64))})
 
 
-class PullScriptGrid(Grid):
+class PullScriptGrid(LocalGrid):
     """Nodes 1..k; ``schedule[p]`` lists what the p-th pull returns: (node, kind) with kind
     ``ok``, ``error``, ``nan``, ``shape``, ``nan-metric`` or ``again`` (a second reply)."""
 
     def __init__(self, num_nodes: int, schedule: list[list[tuple[int, str]]], unpushable: Iterable[int] = ()):
         ensure_task_identity()
-        self.ids = list(range(1, num_nodes + 1))
+        self.node_ids = list(range(1, num_nodes + 1))
         self.schedule, self.unpushable = list(schedule), set(unpushable)
         self.sent: dict[int, Message] = {}
         self.pulls: list[int] = []  # replies returned per pull
-
-    def set_run(self, run):  # noqa: D102
-        pass
-
-    @property
-    def run(self):  # noqa: D102
-        return None
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return list(self.ids)
 
     def push_messages(self, messages):  # noqa: D102
         out = []
@@ -212,7 +198,7 @@ class PullScriptGrid(Grid):
 
 def _messages(grid: PullScriptGrid) -> list[Message]:
     content = RecordDict({"arrays": _arrays(0.0)})
-    return FairStrategy.build_messages(grid.ids, content, "train.sgd")
+    return FairStrategy.build_messages(grid.node_ids, content, "train.sgd")
 
 
 def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
