@@ -34,7 +34,8 @@ The three evaluations, on a test set with no shift applied:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,22 @@ def flat_dim(input_shape: Sequence[int]) -> int:
     if d < 1:
         raise ValueError(f"input_shape: every dimension must be >= 1, got {tuple(input_shape)}")
     return d
+
+
+@contextmanager
+def _frozen_eval(model: nn.Module) -> Iterator[None]:
+    """Attack the inputs of ``model``: eval mode and no parameter gradients, restored after."""
+    was_training = model.training
+    req = [p.requires_grad for p in model.parameters()]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, r in zip(model.parameters(), req, strict=True):
+            p.requires_grad_(r)
+        model.train(was_training)
 
 
 def affine_state_bytes(d: int, bytes_per_value: int = 4) -> int:
@@ -323,12 +340,7 @@ def worst_affine_shift(
     criterion = loss_fn or F.cross_entropy
     d = flat_dim(x.shape[1:])
     lam, delta = identity_shift(d, dtype=x.dtype, device=x.device)
-    was_training = model.training
-    model.eval()
-    req = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
+    with _frozen_eval(model):
         best = (lam.clone(), delta.clone(), -math.inf)
         for k in range(steps + 1):
             loss, g_lam, g_delta = _batched_loss(model, x, y, lam, delta, criterion, batch_size, grad=k < steps)
@@ -345,10 +357,6 @@ def worst_affine_shift(
                 gn = float(torch.linalg.norm(g_delta))
                 if gn > 0:
                     delta = project_l2_ball(delta + (alpha * eps_delta / gn) * g_delta, eps_delta)
-    finally:
-        for p, r in zip(model.parameters(), req, strict=True):
-            p.requires_grad_(r)
-        model.train(was_training)
     return best
 
 
@@ -381,12 +389,7 @@ def pgd_l2_attack(
     if eps == 0 or alpha == 0:
         return x.detach().clone()
     criterion = loss_fn or F.cross_entropy
-    was_training = model.training
-    model.eval()
-    req = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
+    with _frozen_eval(model):
         v = torch.zeros_like(x)
         shape = (-1, *([1] * (x.dim() - 1)))
         for _ in range(steps):
@@ -397,10 +400,6 @@ def pgd_l2_attack(
             (g,) = torch.autograd.grad(loss, v)
             gn = g.reshape(g.shape[0], -1).norm(dim=1).clamp_min(1e-12).reshape(shape)
             v = project_l2_ball_rows(v.detach() + alpha * g / gn, eps)
-    finally:
-        for p, r in zip(model.parameters(), req, strict=True):
-            p.requires_grad_(r)
-        model.train(was_training)
     return (x + v).detach()
 
 
