@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -43,6 +44,15 @@ FMNIST_CONF = REPO / "conf" / "fedmgda_fmnist.toml"
 RESULTS = REPO / "results"
 FIGURES = REPO / "docs" / "figures"
 
+
+
+def _save(fig: Any, name: str) -> None:
+    """Write ``fig`` to docs/figures/``name`` (PNG, 120 dpi), close it and say where it went."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(FIGURES / name, dpi=120)
+    plt.close(fig)
+    print(f"figure: {FIGURES / name}")
 
 def _cheap_gc() -> None:
     """Make ``gc.collect()`` a generation-0 collection in this process.
@@ -290,9 +300,7 @@ def fmnist_long_report() -> None:
     fig.suptitle("Fashion-MNIST, 100 clients x 5 label-sorted shards, p = 0.1, b = 10, k = 1 "
                  "(solid: seed 0; dotted x: seed 1 where run)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(FIGURES / "fedmgda_fmnist_long.png", dpi=120)
-    plt.close(fig)
-    print(f"figure: {FIGURES / 'fedmgda_fmnist_long.png'}")
+    _save(fig, "fedmgda_fmnist_long.png")
 
 
 def fmnist_80_report() -> None:
@@ -354,9 +362,7 @@ def eps_report() -> None:
     fig.suptitle("FedMGDA+ ε sweep, Fashion-MNIST 100 x 5 shards, η₀ = 0.3 (ε = 0: FedAvg-n, ε = 1: normalised MGDA)",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(FIGURES / "fedmgda_fmnist_eps.png", dpi=120)
-    plt.close(fig)
-    print(f"figure: {FIGURES / 'fedmgda_fmnist_eps.png'}")
+    _save(fig, "fedmgda_fmnist_eps.png")
 
 
 def improvement_curves_report() -> None:
@@ -394,9 +400,7 @@ def improvement_curves_report() -> None:
             ax.legend(fontsize=7)
     axes[0].set_ylabel("% participants improved")
     fig.tight_layout()
-    fig.savefig(FIGURES / "fedmgda_fmnist_improvement.png", dpi=120)
-    plt.close(fig)
-    print(f"figure: {FIGURES / 'fedmgda_fmnist_improvement.png'}")
+    _save(fig, "fedmgda_fmnist_improvement.png")
 
 
 def scaling_report() -> None:
@@ -445,9 +449,7 @@ def scaling_report() -> None:
     ax.set_ylabel("mean client test accuracy %")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(FIGURES / "fedmgda_fmnist_scaling.png", dpi=120)
-    plt.close(fig)
-    print(f"figure: {FIGURES / 'fedmgda_fmnist_scaling.png'}")
+    _save(fig, "fedmgda_fmnist_scaling.png")
 
 
 def main() -> None:
