@@ -127,12 +127,11 @@ def bench_stream(w: list[np.ndarray], locs: list[list[np.ndarray]]) -> dict[str,
     norms = np.sqrt(np.diag(G))
     Gn = G / np.outer(norms, norms)
     coef = torch.from_numpy((step.lam / norms).astype(np.float32))
-    w_flat = torch.from_numpy(np.concatenate([a.ravel() for a in w[:-1]]))
     for name, fn in (("part_last_update_write", lambda: s._write_update(m - 1, [np.asarray(a) for a in locs[-1]])),
                      ("part_last_gram_row", lambda: s._gram_rows(m - 1, m)),
                      ("part_eigenvalue_clip", lambda: _clip_negative_eigenvalues(G)),
                      ("part_solve", lambda: min_norm_weights(Gn, eps=EPS)),
-                     ("part_combine_addmv", lambda: torch.addmv(w_flat, s._X[:m].T, coef, alpha=-ETA))):
+                     ("part_combine_addmv", lambda: s._combine(m, coef, ETA))):
         t0 = time.perf_counter()
         fn()
         out[name] = time.perf_counter() - t0

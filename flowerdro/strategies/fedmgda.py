@@ -352,6 +352,22 @@ class StreamingServerStep:
             acc += (P @ Q.T).to(torch.float64)
         return acc.cpu().numpy()
 
+    def _combine(self, m: int, coef: Any, global_lr: float) -> np.ndarray:
+        """w_t − η_t Xᵀc over the float entries, as a flat array (column blocks, last block first).
+
+        One ``addmv`` per block of 2¹⁶ columns: small enough that torch's threads split
+        every block, and taken in the reverse of the Gram products' order, so the blocks
+        the last Gram row read most recently are read again while they are still cached.
+        """
+        import torch
+
+        flat = torch.empty_like(self._w_flat)
+        X = self._X[:m]
+        for j in reversed(range(0, self.dim, GRAM_BLOCK)):
+            blk = slice(j, j + GRAM_BLOCK)
+            torch.addmv(self._w_flat[blk], X[:, blk].T, coef, alpha=-global_lr, out=flat[blk])
+        return flat.cpu().numpy()
+
     def finish(self, *, eps: float | None, global_lr: float, center: np.ndarray | None = None) -> ServerStep:
         """Normalise, solve for λ*, and step: the :class:`ServerStep` of the participants added.
 
@@ -385,8 +401,7 @@ class StreamingServerStep:
         c = np.full(m, 1.0 / m) if center is None else np.asarray(center, dtype=np.float64)
         lam = min_norm_weights(Gn, eps=eps, center=c)
         coef = torch.from_numpy(np.asarray(lam * scale, dtype=self.dtype)).to(self.device)
-        flat = torch.addmv(self._w_flat, self._X[:m].T, coef, alpha=-float(global_lr)) if self.dim else self._w_flat
-        flat_np = flat.cpu().numpy()
+        flat_np = self._combine(m, coef, float(global_lr))
         dnorm = float(math.sqrt(max(float(lam @ Gn @ lam), 0.0)))
         new: list[np.ndarray] = []
         spans = {k: (o, n) for k, o, n in self._spans}
