@@ -212,6 +212,9 @@ LONG_SEED1 = "fedmgda_fmnist_long_seed1"
 LONG80 = "fedmgda_fmnist_80"
 EPS = "fedmgda_fmnist_eps"
 FULLBATCH = "fedmgda_fmnist_improvement_fullbatch"
+# FedAvg's improvement curves (``fedavg-mgda``: FedAvg through the family's server step)
+FEDAVG_B10 = "fedmgda_fmnist_improvement_fedavg"
+FEDAVG_FULLBATCH = "fedmgda_fmnist_improvement_fullbatch_fedavg"
 SCALING = "fedmgda_fmnist_scaling"
 SCALING_CONF = REPO / "conf" / f"{SCALING}.toml"
 # ε of each run in the Fig. 1 sweep: (experiment, label) -> ε
@@ -373,9 +376,10 @@ def improvement_curves_report() -> None:
     import matplotlib.pyplot as plt
 
     panels = {
-        "b = 10": {f"{name}/{label}": recs for name in (LONG, EPS) for label, recs in _runs(name).items()
+        "b = 10": {f"{name}/{label}": recs for name in (LONG, EPS, FEDAVG_B10) for label, recs in _runs(name).items()
                    if _fractions(recs)},
-        "full batch": {f"{FULLBATCH}/{label}": recs for label, recs in _runs(FULLBATCH).items() if _fractions(recs)},
+        "full batch": {f"{name}/{label}": recs for name in (FULLBATCH, FEDAVG_FULLBATCH)
+                       for label, recs in _runs(name).items() if _fractions(recs)},
     }
     if not any(panels.values()):
         return

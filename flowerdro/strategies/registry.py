@@ -381,6 +381,19 @@ def _fedavg_n(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     return FedMGDA(**args, name="fedavg-n", **kw)
 
 
+@register("fedavg-mgda")
+def _fedavg_mgda(s: Settings, kw: dict[str, Any]) -> FairStrategy:
+    from flowerdro.strategies.fedmgda import FedMGDA
+
+    # FedAvg as the ε = 0 member of the family without normalisation: λ* = λ₀ ∝ n_i and
+    # w_{t+1} = w_t − Σ λ₀_i (w_t − w_i) = Σ λ₀_i w_i, the FedAvg step, whatever global-lr /
+    # lr-decay / eps the shared run config holds; it exists so that FedAvg gets the family's
+    # options (track-improvement above all), which Flower's FedAvg ("fedavg") does not have.
+    args = {**_fedmgda_kwargs(s, eps=0.0, normalize=False, lambda_init="size"), "eps": 0.0, "global_lr": 1.0,
+            "lr_decay": 1.0}
+    return FedMGDA(**args, name="fedavg-mgda", **kw)
+
+
 @register("mgda-prox")
 def _mgda_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     from flowerdro.strategies.fedmgda import FedMGDA

@@ -72,6 +72,19 @@ def test_fedavg_n_round_equals_normalised_average_of_local_models(synth_rc):
     np.testing.assert_allclose([lam[str(k)] for k in range(4)], lam0, atol=1e-12)
 
 
+def test_fedavg_mgda_is_flowers_fedavg_and_tracks_improvement(synth_rc):
+    # the ε = 0 unnormalised member of the family is FedAvg: Σ_i (n_i/n) w_i, whatever the
+    # shared run config says about global-lr, lr-decay and eps
+    rc = {**synth_rc, "precision": "float64", "global-lr": 0.3, "lr-decay": 0.5, "eps": 0.4,
+          "fraction-train": 1.0}
+    _, ref = _run("fedavg", rc, n=4, rounds=3)
+    strategy, arrays = _run("fedavg-mgda", {**rc, "track-improvement": True}, n=4, rounds=3)
+    np.testing.assert_allclose(_flat(arrays), _flat(ref), rtol=1e-12, atol=1e-13)
+    for r in strategy.history:
+        assert r["global_lr"] == 1.0 and 0.0 <= r["improved_fraction"] <= 1.0
+        assert sum(r["lambda"].values()) == pytest.approx(1.0, abs=1e-12)
+
+
 def test_lambda_logged_by_partition_for_the_sampled_fraction(synth_rc):
     rc = {**synth_rc, "fraction-train": 0.5, "eps": 0.2}
     strategy, arrays = _run("fedmgda+", rc, n=6, rounds=3)
