@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ._flower import BIN, REPO, wait_run
+from ._flower import BIN, REPO, start, stop, wait_run
 from ._flower import flower_env as _env
 from ._flower import free_port as _free_port
 
@@ -74,18 +74,17 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
     try:
         log = open(tmp_path / "superlink.log", "w")
         logs.append(log)
-        procs.append(subprocess.Popen(
+        procs.append(start(
             [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-             "--disable-runtime-dependency-installation"], env=env, stdout=log, stderr=subprocess.STDOUT))
+             "--disable-runtime-dependency-installation"], env, log))
         time.sleep(4)
         for pid in range(2):
             log = open(tmp_path / f"supernode{pid}.log", "w")
             logs.append(log)
-            procs.append(subprocess.Popen(
+            procs.append(start(
                 [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
                  "--node-config", f"partition-id={pid} num-partitions=2",
-                 "--host", "127.0.0.1", "--port", str(_free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT))
+                 "--host", "127.0.0.1", "--port", str(_free_port())], env, log))
         time.sleep(4)
         sub = subprocess.run(
             [str(BIN / "flwr"), "run", str(REPO), "--format", "json", "--run-config",
@@ -104,12 +103,6 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         assert [r["train"]["affine-rounds"] for r in robust] == [1.0, 2.0]
         assert robust[1]["train"]["lambda-dev-fro"] > 0.0
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)  # whole process groups: SuperExec and app subprocesses too
         for log in logs:
             log.close()
