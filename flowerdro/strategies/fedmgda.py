@@ -185,7 +185,17 @@ def _pick_device(device: str, entries: int, itemsize: int) -> str:
 
 
 def _clip_negative_eigenvalues(G: np.ndarray) -> np.ndarray:
-    """G with its (rounding-size) negative eigenvalues set to 0: V max(Λ, 0) Vᵀ, symmetrised."""
+    """G with its (rounding-size) negative eigenvalues set to 0: V max(Λ, 0) Vᵀ, symmetrised.
+
+    A G that has a Cholesky factor (positive definite: the usual case, updates in general
+    position) is returned as it is without the eigendecomposition (0.1 ms instead of 2 ms
+    at m = 100, and no multi-threaded LAPACK call to stall on a loaded machine).
+    """
+    try:
+        np.linalg.cholesky(G)
+        return G
+    except np.linalg.LinAlgError:
+        pass
     w, V = np.linalg.eigh(G)
     if w[0] >= 0.0:
         return G

@@ -323,3 +323,22 @@ def test_array_view_equals_array_numpy(value):
     assert view.dtype == ref.dtype and view.shape == ref.shape
     np.testing.assert_array_equal(view, ref)
     np.testing.assert_array_equal(view, value)
+
+
+def test_eigenvalue_clip_keeps_positive_definite_and_clips_indefinite_gram():
+    from flowerdro.strategies.fedmgda import _clip_negative_eigenvalues
+
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((6, 9))
+    G = A @ A.T  # positive definite: returned unchanged (the Cholesky shortcut)
+    assert _clip_negative_eigenvalues(G) is G
+    B = rng.standard_normal((6, 3))
+    low = B @ B.T  # rank 3, PSD
+    V = np.linalg.qr(rng.standard_normal((6, 6)))[0]
+    bad = low - 1e-9 * np.outer(V[:, 0], V[:, 0])  # a rounding-size negative direction
+    out = _clip_negative_eigenvalues(bad)
+    np.testing.assert_allclose(out, out.T, atol=0)
+    assert np.linalg.eigvalsh(out).min() >= -1e-12
+    # the clip is V max(Λ, 0) Vᵀ, computed here another way
+    w, U = np.linalg.eigh(bad)
+    np.testing.assert_allclose(out, (U * np.clip(w, 0, None)) @ U.T, atol=1e-12)
