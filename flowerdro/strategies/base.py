@@ -299,7 +299,9 @@ class FairStrategy(Strategy):
         A reply is dropped (and counted under ``phase``) when it is an error, does not
         arrive before ``self.timeout``, lacks a MetricRecord or one of ``required_metrics``,
         carries NaN/Inf metrics, or, when ``reference`` is given, any ArrayRecord named in
-        ``array_keys`` whose keys/shapes differ from ``reference`` or hold NaN/Inf.
+        ``array_keys`` whose keys/shapes differ from ``reference`` or hold NaN/Inf. The
+        valid replies come back in the order of ``messages``, not of arrival, so that
+        aggregations sum in the same order on every run.
         """
         messages = list(messages)
         if not messages:
@@ -315,6 +317,8 @@ class FairStrategy(Strategy):
                 valid.append(reply)
         self._fail_unanswered(phase, [int(m.metadata.dst_node_id) for m in messages if
                                       int(m.metadata.dst_node_id) not in answered])
+        position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
+        valid.sort(key=lambda r: position.get(int(r.metadata.src_node_id), len(position)))
         return valid
 
     def communicate_stream(

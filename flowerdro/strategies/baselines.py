@@ -83,10 +83,17 @@ class FlowerBaseline(FairStrategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Seeded sample, then Flower's own ``configure_train`` on exactly that sample."""
+        """Seeded sample, then Flower's own ``configure_train`` on exactly that sample.
+
+        Flower shuffles the nodes it is given (an unseeded ``random.sample``); the messages
+        are put back in the seeded sample's order, so the replies, and the float sums of
+        the aggregation, come in the same order on every run with the same seed.
+        """
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
-        return list(self.inner.configure_train(server_round, arrays, config, _NodeSubsetGrid(grid, chosen)))
+        position = {int(n): i for i, n in enumerate(chosen)}
+        messages = list(self.inner.configure_train(server_round, arrays, config, _NodeSubsetGrid(grid, chosen)))
+        return sorted(messages, key=lambda m: position[int(m.metadata.dst_node_id)])
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
