@@ -2,8 +2,9 @@
 
 1. ``min_norm_weights`` against cvxpy (CLARABEL, default tolerances, the same objective
    λᵀGλ on the same Gram matrices) for m ∈ {10, 100, 1000}, full-rank (d = 2m) and
-   rank-deficient (d = m/10, and duplicated updates) sets of normalised random updates,
-   with and without the ε-box (ε = 0.5/m). The two solvers run interleaved (same load);
+   rank-deficient (d = m/10, and duplicated updates; d = m/3 for m ≤ 100) sets of
+   normalised random updates, with and without the ε-box (ε = 0.5/m). The two solvers
+   run interleaved (same load);
    median wall time of 7 rounds (3 at m = 1000; ours 5 calls per round below m = 1000),
    and the CPU-time ratio as a load-robust cross-check.
 2. The whole server step on the CPU: normalise 100 updates of a 1M-parameter model, Gram,
@@ -14,7 +15,10 @@
    (row by row as replies arrive: what is left after the last reply).
 
 Targets (issue): ≥ 20× faster than cvxpy at m = 100; server step at m = 100 with 1M
-parameters under 50 ms. Run: ``python scripts/bench_mgda.py [--quick] [--server-only | --solver-only]``
+parameters under 50 ms. Run: ``python scripts/bench_mgda.py [--quick] [--server-only | --solver-only]
+[--before FILE]``; ``--before`` times an earlier version of ``flowerdro/core/mgda.py``
+(e.g. ``git show HEAD:flowerdro/core/mgda.py > /tmp/mgda_before.py``) in the same
+interleaved rounds and adds its CPU time and our CPU-time speed-up over it
 (on a shared machine set ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``: threaded BLAS on
 busy cores is 10-50x slower).
 """
@@ -78,7 +82,8 @@ def _cvxpy_solve(G: np.ndarray, eps: float | None) -> np.ndarray:
 
 
 def _gram(kind: str, m: int, rng: np.random.Generator) -> np.ndarray:
-    d = {"full d=2m": 2 * m, "rank m/10": max(1, m // 10), "duplicated": 2 * m}[kind]
+    d = {"full d=2m": 2 * m, "rank m/10": max(1, m // 10), "rank m/3": max(1, m // 3),
+         "duplicated": 2 * m}[kind]
     V = rng.standard_normal((m, d))
     if kind == "duplicated":
         V[m // 2 :] = V[: m - m // 2]
@@ -86,22 +91,38 @@ def _gram(kind: str, m: int, rng: np.random.Generator) -> np.ndarray:
     return V @ V.T
 
 
-def bench_qp(quick: bool) -> None:
+def _load_module(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mgda_before", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--before: cannot load a module from {path!r}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_qp(quick: bool, before: str | None = None) -> None:
     print("== min_norm_weights vs cvxpy (CLARABEL), same G, interleaved runs, median times ==")
     print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    old = _load_module(before) if before else None
     header = (
         f"{'m':>5} {'case':<11} {'eps':>6} {'ours ms':>9} {'cvxpy ms':>9} {'speed-up':>9} "
         f"{'CPU speed-up':>12} {'f_ours - f_cvxpy':>17}  target"
     )
+    if old is not None:
+        header += "  | before CPU ms, CPU speed-up over it, f_ours - f_before"
     print(header)
     print("-" * len(header))
     rng = np.random.default_rng(0)
     sizes = (10, 100) if quick else (10, 100, 1000)
     for m in sizes:
-        for kind in ("full d=2m", "rank m/10", "duplicated"):
-            if m == 1000 and kind == "duplicated":
+        for kind in ("full d=2m", "rank m/10", "duplicated", "rank m/3"):
+            if m == 1000 and kind in ("duplicated", "rank m/3"):
                 continue
-            G = _gram(kind, m, rng)
+            # the rank m/3 case (added later) has its own generator, so the other cases
+            # keep the matrices of the earlier runs
+            G = _gram(kind, m, rng if kind != "rank m/3" else np.random.default_rng([m, 3]))
             for eps in (None, 0.5 / m):
                 min_norm_weights(G, eps)  # warm-up (imports, first-call allocations)
                 _cvxpy_solve(G, eps)
@@ -115,20 +136,33 @@ def bench_qp(quick: bool) -> None:
                         lam = min_norm_weights(G, eps)
                     return lam
 
-                (w_ours, w_cvx), (c_ours, c_cvx), (lam, ref) = _paired_times(
-                    [ours, lambda G=G, eps=eps: _cvxpy_solve(G, eps)], rounds
-                )
+                fns = [ours, lambda G=G, eps=eps: _cvxpy_solve(G, eps)]
+                if old is not None:
+                    old.min_norm_weights(G, eps)
+
+                    def before_fn(G=G, eps=eps, inner=inner):
+                        for _ in range(inner):
+                            lam = old.min_norm_weights(G, eps)
+                        return lam
+
+                    fns.append(before_fn)
+                walls, cpus, outs = _paired_times(fns, rounds)
+                (w_ours, w_cvx), (c_ours, c_cvx), (lam, ref) = walls[:2], cpus[:2], outs[:2]
                 w_ours, c_ours = w_ours / inner, c_ours / inner
                 diff = float(lam @ G @ lam - ref @ G @ ref)
                 target = ""
                 if m == 100:
                     target = ">= 20x met" if w_cvx / w_ours >= 20 else ">= 20x missed"
                 eps_s = "None" if eps is None else f"{eps:.4f}"
-                print(
+                line = (
                     f"{m:>5} {kind:<11} {eps_s:>6} {w_ours * 1e3:>9.3f} {w_cvx * 1e3:>9.1f} "
-                    f"{w_cvx / w_ours:>8.1f}x {c_cvx / c_ours:>11.1f}x {diff:>17.2e}  {target}",
-                    flush=True,
+                    f"{w_cvx / w_ours:>8.1f}x {c_cvx / c_ours:>11.1f}x {diff:>17.2e}  {target}"
                 )
+                if old is not None:
+                    c_old, lam_old = cpus[2] / inner, outs[2]
+                    d_old = float(lam @ G @ lam - lam_old @ G @ lam_old)
+                    line += f"  | {c_old * 1e3:.3f} {c_old / c_ours:.2f}x {d_old:.1e}"
+                print(line, flush=True)
 
 
 def bench_server_step(quick: bool) -> None:
@@ -200,11 +234,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="m <= 100 and d = 200k only")
     parser.add_argument("--server-only", action="store_true", help="skip the QP-vs-cvxpy part")
     parser.add_argument("--solver-only", action="store_true", help="skip the server-step part")
+    parser.add_argument("--before", default=None, help="an earlier mgda.py to time beside ours")
     args = parser.parse_args()
     print(f"CPU cores visible: {os.cpu_count()}, numpy {np.__version__}")
     t0 = time.perf_counter()
     if not args.server_only:
-        bench_qp(args.quick)
+        bench_qp(args.quick, args.before)
     if not args.solver_only:
         bench_server_step(args.quick)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -17,10 +17,11 @@ and the global model moves by x ← x − η_t d with the decaying rate of :func
 
 The quadratic programme is solved *exactly* (up to floating-point rounding) by
 :func:`min_norm_weights`: a primal-dual active-set pass (a few Cholesky solves) settles
-well-conditioned and duplicated problems; otherwise an inertia-controlling primal
-active-set method, which only ever factorises affinely independent faces and steps along
-zero-curvature directions to the next bound, finishes from a vertex; a KKT check
-certifies the answer. Singular Gram matrices (duplicated, zero or exactly opposite
+well-conditioned and duplicated problems; on low-rank Gram matrices a second pass finds
+the sets on a slightly proximal (strongly convex) version of the problem and then solves
+the face it found exactly; otherwise an inertia-controlling primal active-set method,
+which only ever factorises affinely independent faces and steps along zero-curvature
+directions to the next bound, finishes from a vertex; a KKT check certifies the answer. Singular Gram matrices (duplicated, zero or exactly opposite
 updates, rank-deficient sets with m > d) need no regularisation.
 
 This module is framework-free: numpy and scipy, torch only as an optional matmul backend.
@@ -55,7 +56,13 @@ _TOL_CURV = 1e-14  # curvature along a freeing direction d below this·(1+‖d�
 _TOL_SAFE = 1e-14  # safe face steps: Schur pivots of Ĥ below this are affinely dependent
 _TOL_KKT = 1e-9  # final certificate (scaled units); larger means a genuine failure
 _PDAS_MAX_ITER = 7
-_PDAS_MAX_DEPENDENT = 0.75  # PDAS leaves faces with more dependent coordinates to _active_set
+_REG_DELTA = 1e-9  # proximal weight δ of the low-rank pass (scaled units)
+_REG_MAX_ITER = 16
+# ... and runs only up to this m: its dense face factorisations cost O(m³) each, the
+# active-set finish O(m·rank) per step; measured, the pass stops paying off near m = 250
+_REG_MAX_M = 200
+_REG_STALL = 0.9  # ... and gives up when the violations shrink less than this in 3 steps
+_PDAS_MAX_DEPENDENT = 0.6  # _pdas leaves faces with more dependent coordinates to the next pass
 _REFINE_MAX = 3  # extra Newton steps on one face (iterative refinement) when g_F is not flat
 
 
@@ -69,20 +76,20 @@ def _validate_gram(gram: np.ndarray) -> np.ndarray:
     if not np.issubdtype(G.dtype, np.number) or np.iscomplexobj(G):
         raise ValueError(f"gram: must be a real numeric array, got dtype {G.dtype}")
     G = G.astype(np.float64, copy=False)
-    if not np.isfinite(G).all():
+    amax = float(np.abs(G).max())  # NaN or inf anywhere makes this non-finite
+    if not math.isfinite(amax):
         raise ValueError("gram: all entries must be finite (no NaN or inf)")
-    amax = float(abs(G).max())
-    D = G - G.T
-    asym = float(abs(D).max())
-    if asym > 1e-8 * max(amax, 1e-300):
-        raise ValueError(
-            f"gram: must be symmetric, max |G - G^T| = {asym:.3e} exceeds 1e-8 * max |G|"
-        )
-    if asym > 0.0:
+    if (G == G.T).all():  # the usual case: exactly symmetric
+        G = G.copy()
+    else:
+        D = G - G.T
+        asym = float(np.abs(D, out=D).max())
+        if asym > 1e-8 * max(amax, 1e-300):
+            raise ValueError(
+                f"gram: must be symmetric, max |G - G^T| = {asym:.3e} exceeds 1e-8 * max |G|"
+            )
         G = G + G.T
         G *= 0.5
-    else:
-        G = G.copy()
     dmin = float(G.diagonal().min())
     if dmin < -1e-10 * max(amax, 1e-300):
         raise ValueError(
@@ -130,20 +137,23 @@ def _validate_eps(eps: float | None) -> float | None:
 
 
 def _face_factor(
-    Hh: np.ndarray, fi: np.ndarray
+    Hh: np.ndarray, fi: np.ndarray, pivoted: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cholesky of Ĥ_FF: (L, independent indices in factor order, dependent indices).
 
-    Plain ``dpotrf`` first; if it fails or a pivot L_ii² is below ``_TOL_RANK`` (relative),
-    pivoted ``dpstrf``, which stops when the largest remaining pivot is below
-    ``_TOL_RANK``; its leading block is the Cholesky factor of Ĥ on the independent indices.
+    Plain ``dpotrf`` first (unless ``pivoted``); if it fails or a pivot L_ii² is below
+    ``_TOL_RANK`` (relative), pivoted ``dpstrf``, which stops when the largest remaining
+    pivot is below ``_TOL_RANK``; its leading block is the Cholesky factor of Ĥ on the
+    independent indices.
     """
-    A = Hh.take(fi, 0).take(fi, 1).T  # symmetric: the transpose is the Fortran-order copy
-    c, info = lapack.dpotrf(A, lower=1, clean=0)
-    if info == 0:
-        d = c.diagonal()
-        if float(d.min()) ** 2 > _TOL_RANK * float(d.max()) ** 2:
-            return c, fi, fi[:0]
+    # symmetric: the transpose is a Fortran-order view (dpotrf copies it once)
+    A = Hh.T if fi.size == Hh.shape[0] else Hh.take(fi, 0).take(fi, 1).T
+    if not pivoted:
+        c, info = lapack.dpotrf(A, lower=1, clean=0)
+        if info == 0:
+            d = c.diagonal()
+            if float(d.min()) ** 2 > _TOL_RANK * float(d.max()) ** 2:
+                return c, fi, fi[:0]
     c, piv, k, _info = lapack.dpstrf(A, tol=_TOL_RANK, lower=1)
     piv = piv[: fi.size] - 1
     return c[:k, :k], fi.take(piv[:k]), fi.take(piv[k:])
@@ -151,7 +161,7 @@ def _face_factor(
 
 def _pdas(
     H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, bool]:
+) -> tuple[np.ndarray, np.ndarray, bool, bool]:
     """Primal-dual active-set (semismooth Newton) pass: a fast guess of the optimal face.
 
     Each iteration fixes the coordinates of the current lower/upper sets at their bounds,
@@ -162,15 +172,17 @@ def _pdas(
     their previous values inside the box (the centre c at first): the face minimum is
     reached without them, and at it their gradients equal the others'. Converged when the
     sets repeat. Not guaranteed in general, so it gives up on a repeated state, on a
-    singular face without progress, on a face of rank below a quarter of its size (low
-    rank: :func:`_active_set` needs about rank + 1 steps there) and after
-    ``_PDAS_MAX_ITER`` iterations; the caller verifies any answer.
+    singular face without progress, on a face with more than ``_PDAS_MAX_DEPENDENT`` of its
+    coordinates dependent (low rank: parking there rarely converges, and
+    :func:`_pdas_low_rank` does better) and after ``_PDAS_MAX_ITER`` iterations; the caller verifies any answer. Returns
+    (x, state, converged, singular), singular when it met a singular face.
     """
     m = H.shape[0]
     state = np.zeros(m)
     x = c.copy()
     seen: set[bytes] = set()
     prev = m + 1
+    pivoted = singular = False
     for _ in range(_PDAS_MAX_ITER):
         key = state.tobytes()
         if key in seen:
@@ -179,19 +191,20 @@ def _pdas(
         fi = (state == 0).nonzero()[0]
         if fi.size == 0:
             break
-        L, fi, dep = _face_factor(Hh, fi)
+        # once a face was singular (duplicated or dependent updates), go to the pivoted
+        # factorisation directly: the faces that follow mostly keep the dependent pairs
+        L, fi, dep = _face_factor(Hh, fi, pivoted)
+        pivoted = dep.size > 0
+        singular = singular or pivoted
         if dep.size > _PDAS_MAX_DEPENDENT * (fi.size + dep.size):
-            break  # low rank: the exact method needs only about rank + 1 steps
+            return x, state, False, True  # low rank: :func:`_pdas_low_rank` does better
         park = x.take(dep).clip(lo.take(dep), hi.take(dep)) if dep.size else None
-        x = np.where(state < 0.0, lo, 0.0)
-        at_hi = state > 0.0
-        if at_hi.any():
-            x[at_hi] = hi[at_hi]
+        x = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
         if park is not None:
             x[dep] = park
         rhs = np.ones((fi.size, 2), order="F")
-        rhs[:, 0] = H.take(fi, 0) @ x  # x is zero on F here: this is H_FB x_B
-        r = 1.0 - float(x.sum())
+        rhs[:, 0] = (H @ x).take(fi)  # x is zero on F here: this is H_FB x_B
+        r = 1.0 - float(np.add.reduce(x))
         sol, _info = lapack.dpotrs(L, rhs, lower=1)
         y, z = sol[:, 0], sol[:, 1]
         x[fi] = ((float(y.sum()) + r) / float(z.sum())) * z - y
@@ -202,14 +215,97 @@ def _pdas(
         new = np.where(state * s > _TOL_MULT, 0.0, state)
         new[x < lo] = -1.0
         new[x > hi] = 1.0
-        changes = int((new != state).sum())
+        changes = int(np.count_nonzero(new != state))
         if changes == 0:
-            return x, state, True
+            return x, state, True, False
         if dep.size and changes >= prev:
             break  # a singular face and no progress: leave it to the exact method
         prev = changes
         state = new
-    return x, state, False
+    return x, state, False, singular
+
+
+def _pdas_low_rank(
+    H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Primal-dual active-set pass for a low-rank H: a proximal guess, then an exact face.
+
+    The sets are found on the strongly convex problem min λᵀHλ + δ‖λ − c‖² (δ =
+    ``_REG_DELTA``), whose face matrices Ĥ_FF + δI are positive definite, by the
+    iterations of :func:`_pdas`, damped from the third on: only the more violated half of
+    the violations (wrong-signed bound multipliers, free coordinates outside the box)
+    change sets, since the plain iteration oscillates on tight boxes. At most
+    ``_REG_MAX_ITER`` iterations; it gives up on a repeated or empty free set and when the
+    number of violations did not fall below ``_REG_STALL`` times its value three
+    iterations earlier (converging runs shrink it geometrically). Its solution λ_δ
+    approaches the optimal λ nearest to c as δ → 0. The answer is then the *exact*
+    minimiser of λᵀHλ on the face found: the pivoted Cholesky factor of Ĥ_FF splits F into
+    affinely independent coordinates I and dependent ones D, D stays at λ_δ (inside the
+    box), and I solves the face equations H_I λ = θ1, Σλ = 1 exactly (the gradient on D
+    then equals θ too, D being affine combinations of I).
+    Returns (x, state, ok); ok is False when a step failed or x_I left the box, and the
+    caller verifies any answer.
+    """
+    m = H.shape[0]
+    Hd = Hh.copy()
+    Hd.flat[:: m + 1] += _REG_DELTA
+    dc = _REG_DELTA * c
+    state = np.zeros(m)
+    seen: set[bytes] = set()
+    x = c
+    changes: list[int] = []
+    for it in range(_REG_MAX_ITER):
+        key = state.tobytes()
+        fi = (state == 0).nonzero()[0]
+        if key in seen or fi.size == 0:
+            return x, state, False
+        seen.add(key)
+        A = Hd.T if fi.size == m else Hd.take(fi, 0).take(fi, 1).T
+        L, info = lapack.dpotrf(A, lower=1, clean=0)
+        if info != 0:
+            return x, state, False
+        x = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
+        rhs = np.ones((fi.size, 2), order="F")
+        rhs[:, 0] = (H @ x).take(fi) - dc.take(fi)
+        r = 1.0 - float(np.add.reduce(x))
+        sol, _info = lapack.dpotrs(L, rhs, lower=1)
+        y, z = sol[:, 0], sol[:, 1]
+        x[fi] = ((float(y.sum()) + r) / float(z.sum())) * z - y
+        s = H @ x + _REG_DELTA * (x - c)
+        s -= float(s.take(fi).sum()) / fi.size
+        # violations: bound coordinates with a wrong-signed multiplier, free ones outside
+        # the box; the first two steps change all of them (plain PDAS), later steps only
+        # the more violated half (damping: plain PDAS oscillates on tight boxes)
+        v = np.where(state != 0.0, state * s - _TOL_MULT, np.maximum(lo - x, x - hi))
+        cand = (v > 0.0).nonzero()[0]
+        changes.append(cand.size)
+        if cand.size == 0:
+            break
+        if it >= 3 and cand.size > _REG_STALL * changes[-4]:
+            return x, state, False  # the violations stall (tight boxes): give way
+        if it >= 2 and cand.size > 1:
+            cand = cand.take(np.argsort(-v.take(cand), kind="stable")[: (cand.size + 1) // 2])
+        new = state.copy()
+        sc = state.take(cand)
+        new[cand] = np.where(sc != 0.0, 0.0, np.where(x.take(cand) < lo.take(cand), -1.0, 1.0))
+        state = new
+    else:
+        return x, state, False
+    # the exact face solve, dependent coordinates parked at λ_δ
+    Lf, ind, dep = _face_factor(Hh, fi, pivoted=True)
+    xe = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
+    if dep.size:
+        xe[dep] = x.take(dep).clip(lo.take(dep), hi.take(dep))
+    rhs = np.ones((ind.size, 2), order="F")
+    rhs[:, 0] = (H @ xe).take(ind)
+    r = 1.0 - float(np.add.reduce(xe))
+    sol, _info = lapack.dpotrs(Lf, rhs, lower=1)
+    y, z = sol[:, 0], sol[:, 1]
+    xi = ((float(y.sum()) + r) / float(z.sum())) * z - y
+    if not (np.all(xi >= lo.take(ind)) and np.all(xi <= hi.take(ind))):
+        return x, state, False
+    xe[ind] = xi
+    return xe, state, True
 
 
 def _lmo_vertex(g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,13 +342,18 @@ class _Face:
     last position into q. Both are O(|F|²).
     """
 
-    def __init__(self, H: np.ndarray, fi: np.ndarray) -> None:
+    def __init__(self, H: np.ndarray, fi: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         m = H.shape[0]
         self.H = H
+        self.lo_all, self.hi_all = lo, hi
         self.buf = np.empty((m + 1, m + 1))
         self.idx = np.empty(m, dtype=np.intp)
+        self.lo = np.empty(m)  # lo and hi of F, in the order of idx (for the ratio tests)
+        self.hi = np.empty(m)
         self.f = fi.size
         self.idx[: self.f] = fi
+        self.lo[: self.f] = lo.take(fi)
+        self.hi[: self.f] = hi.take(fi)
         self.valid = True
         self.refactor()
 
@@ -279,6 +380,8 @@ class _Face:
         n = self.f + 1
         B = self.buf
         self.idx[self.f] = j
+        self.lo[self.f] = self.lo_all[j]
+        self.hi[self.f] = self.hi_all[j]
         if n == 1:  # F = {j}: K⁻¹ = [[−H_jj, 1], [1, 0]]
             B[:2, :2] = ((-self.H[j, j], 1.0), (1.0, 0.0))
             self.valid = True
@@ -290,8 +393,9 @@ class _Face:
             return
         w = u / kappa
         B[:n, :n] += np.multiply.outer(u, w)
-        B[:n, n] = -w
-        B[n, :n] = -w
+        w *= -1.0
+        B[:n, n] = w
+        B[n, :n] = w
         B[n, n] = 1.0 / kappa
         self.f = n
 
@@ -301,6 +405,8 @@ class _Face:
         q = k + 1
         last = n - 1
         self.idx[k] = self.idx[last - 1]
+        self.lo[k] = self.lo[last - 1]
+        self.hi[k] = self.hi[last - 1]
         self.f -= 1
         if not self.valid or self.f == 0:
             return
@@ -358,6 +464,25 @@ def _ratio_test(
     return max(float(t[k]), 0.0), k
 
 
+def _ratio_fast(
+    x: np.ndarray, p: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[float, int]:
+    """:func:`_ratio_test` in five numpy calls (needs ``np.errstate(divide, invalid)``).
+
+    Division by p_i = 0 gives +inf when x_i is inside its box; a NaN (p_i = 0 with x_i on
+    the bound) or a negative ratio (x_i outside its box by rounding) falls back to
+    :func:`_ratio_test`, so both return the same answer.
+    """
+    t = np.where(p < 0.0, lo, hi)
+    t -= x
+    t /= p
+    k = int(t.argmin())
+    tk = float(t[k])
+    if tk >= 0.0:  # False for NaN
+        return tk, k
+    return _ratio_test(x, p, lo, hi)
+
+
 def _active_set(
     H: np.ndarray,
     Hh: np.ndarray,
@@ -395,9 +520,11 @@ def _active_set(
     budget (the caller restarts it with Bland's rule).
     """
     m = H.shape[0]
-    face = _Face(H, (state == 0).nonzero()[0])
+    face = _Face(H, (state == 0).nonzero()[0], lo, hi)
     B = face.buf
     idx = face.idx
+    flo, fhi = face.lo, face.hi
+    kvec = np.ones(m + 1)  # k_j = (1, H_Fj) of the entering coordinate
     g = H @ x
     at_min = face.f == 1
     refine = 0
@@ -419,7 +546,7 @@ def _active_set(
             else:
                 p = B[1 : f + 1, 1 : f + 1] @ gF
                 p *= -1.0
-            alpha, k = _ratio_test(x.take(Fi), p, lo.take(Fi), hi.take(Fi))
+            alpha, k = _ratio_fast(x.take(Fi), p, flo[:f], fhi[:f])
             full = alpha >= 1.0 and not ray
             up = bool(p[k] > 0.0)  # the direction of the blocking coordinate (before scaling)
             if not full:
@@ -438,32 +565,34 @@ def _active_set(
                 refine = 0
                 at_min = face.f == 1 and face.valid
             continue
-        s = g - g[Fi[0]]
-        viol = s * state
+        viol = g - g[idx[0]]  # s = g − θ (g is flat on F); violation s·state > 0
+        viol *= state
         if bland:
-            cand = np.flatnonzero(viol > _TOL_MULT)
+            cand = (viol > _TOL_MULT).nonzero()[0]
             j = int(cand[0]) if cand.size else 0
         else:
             j = int(viol.argmax())
-        if viol[j] <= _TOL_MULT:
+        vj = float(viol[j])  # = |s_j| when positive
+        if vj <= _TOL_MULT:
             g = H @ x  # confirm with a fresh gradient (the updated one drifts)
             s = g - float(g.take(Fi).sum()) / f
-            if float((s * state).max()) <= _TOL_MULT:
+            s *= state
+            if float(s.max()) <= _TOL_MULT:
                 return True
             continue
         sign = -state[j]  # +1: j leaves its lower bound upwards, −1: its upper bound downwards
         n = f + 1
-        hj = H[j].take(Fi)
-        u = B[:n, 1:n] @ hj
-        u += B[:n, 0]
-        kappa = float(H[j, j]) - float(u[0]) - float(hj @ u[1:])
+        kj = kvec[:n]
+        H[j].take(Fi, out=kj[1:])
+        u = B[:n, :n] @ kj
+        kappa = float(H[j, j]) - float(kj @ u)
         d = np.empty(n)  # the move of (F, j) per unit move of x_j off its bound
         dF = d[:f]
         np.multiply(u[1:], -sign, out=dF)
         d[f] = sign
-        size = 1.0 + float(abs(d).sum())
-        t_star = abs(float(s[j])) / kappa if kappa > _TOL_CURV * size * size else math.inf
-        t_max, k = _ratio_test(x.take(Fi), dF, lo.take(Fi), hi.take(Fi))
+        size = 2.0 + float(np.add.reduce(np.abs(dF)))  # 1 + ‖d‖₁
+        t_star = vj / kappa if kappa > _TOL_CURV * size * size else math.inf
+        t_max, k = _ratio_fast(x.take(Fi), dF, flo[:f], fhi[:f])
         if hi[j] - lo[j] < t_max:
             t_max, k = float(hi[j] - lo[j]), -1
         step = min(t_star, t_max)
@@ -477,18 +606,19 @@ def _active_set(
             face.add(j, u, kappa)
             state[j] = 0.0
             continue
-        at_min = False
-        if k < 0:  # j crossed its box: it moves to the other bound, F is unchanged
+        if k < 0:
+            # j crossed its box: it moves to the other bound and F is unchanged; d kept g_F
+            # flat, so F is still at its face minimiser (at_min stays True)
             _to_bound(x, state, j, sign > 0.0, lo, hi)
             continue
+        at_min = False
         _to_bound(x, state, int(Fi[k]), up, lo, hi)
         face.remove(k)
         f = face.f
-        Fi = idx[:f]
-        hj = H[j].take(Fi)
-        u = B[: f + 1, 1 : f + 1] @ hj
-        u += B[: f + 1, 0]
-        face.add(j, u, float(H[j, j]) - float(u[0]) - float(hj @ u[1:]))
+        kj = kvec[: f + 1]
+        H[j].take(idx[:f], out=kj[1:])
+        u = B[: f + 1, : f + 1] @ kj
+        face.add(j, u, float(H[j, j]) - float(kj @ u))
         state[j] = 0.0
     return False
 
@@ -532,46 +662,60 @@ def _polish(H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         x[fi] = np.clip(xf, lof, hif)
 
 
-def _fix_sum(x: np.ndarray, state: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Move the rounding drift of Σx into the free coordinates (they are inside the box)."""
-    free = np.flatnonzero(state == 0)
+def _fix_sum(x: np.ndarray, state: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
+    """Move the rounding drift of Σx into the free coordinates (they are inside the box).
+
+    Returns the final Σx, summed exactly (``math.fsum``).
+    """
+    total = math.fsum(x.tolist())
+    if total == 1.0:
+        return total
+    free = (state == 0).nonzero()[0]
     for _ in range(3):
-        drift = 1.0 - math.fsum(x.tolist())
+        drift = 1.0 - total
         if drift == 0.0 or free.size == 0:
-            return
+            break
         x[free] = np.clip(x[free] + drift / free.size, lo[free], hi[free])
+        total = math.fsum(x.tolist())
+    return total
 
 
 def _kkt_error(H: np.ndarray, x: np.ndarray, state: np.ndarray) -> float:
     """Largest KKT violation: spread of g = Hx on F plus wrong-signed bound multipliers."""
     g = H @ x
-    free = state == 0
-    gf = g[free]
-    s = g - float(gf.mean())
-    return max(float(gf.max() - gf.min()), float((s * state).max()))
+    gf = g[state == 0.0]
+    s = g - float(gf.sum()) / gf.size
+    s *= state
+    return max(float(gf.max() - gf.min()), float(s.max()))
 
 
 def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> np.ndarray:
     """min xᵀHx over {lo ≤ x ≤ hi, Σx = 1} for a scaled PSD H (max H_ii = 1), c feasible.
 
-    :func:`_pdas` first; when it does not converge to a point that passes the KKT check,
+    :func:`_pdas` first, then (if it met singular faces without converging)
+    :func:`_pdas_low_rank`; when neither gives a point that passes the KKT check,
     :func:`_active_set` from the vertex that minimises the linearisation at c (restarted
     with Bland's rule if it ever runs out of iterations), then :func:`_polish`. The answer
     is checked for feasibility and the KKT conditions before it is returned.
     """
     Hh = H + 1.0
-    x, state, converged = _pdas(H, Hh, lo, hi, c)
-    if not (converged and _kkt_error(H, x, state) <= _TOL_MULT * 10):
+    x, state, converged, singular = _pdas(H, Hh, lo, hi, c)
+    if singular and not converged and H.shape[0] <= _REG_MAX_M:
+        x, state, converged = _pdas_low_rank(H, Hh, lo, hi, c)
+    err = math.inf
+    if converged:
+        total = _fix_sum(x, state, lo, hi)
+        err = _kkt_error(H, x, state)
+    if err > _TOL_MULT * 10:
         x, state = _lmo_vertex(H @ c, lo, hi)
-        for bland in (False, True, True):
-            if _active_set(H, Hh, lo, hi, x, state, bland):
-                break
+        with np.errstate(divide="ignore", invalid="ignore"):  # for _ratio_fast
+            for bland in (False, True, True):
+                if _active_set(H, Hh, lo, hi, x, state, bland):
+                    break
         _polish(H, Hh, lo, hi, x, state)
-    _fix_sum(x, state, lo, hi)
-    err = _kkt_error(H, x, state)
-    infeasible = abs(math.fsum(x.tolist()) - 1.0) > 1e-13 or bool(
-        np.any(x < lo) or np.any(x > hi)
-    )
+        total = _fix_sum(x, state, lo, hi)
+        err = _kkt_error(H, x, state)
+    infeasible = abs(total - 1.0) > 1e-13 or bool((x < lo).any() or (x > hi).any())
     if err > _TOL_KKT or infeasible:
         raise RuntimeError(
             f"min_norm_weights: KKT check failed (residual {err:.3e} in units of max G_ii, "
@@ -602,8 +746,12 @@ def min_norm_weights(
 
     Algorithm (on G scaled to max G_ii = 1): a primal-dual active-set pass (a few
     Cholesky solves of face systems; affinely dependent coordinates are parked inside the
-    box) settles well-conditioned and duplicated problems. If it does not converge, or
-    its answer fails the KKT check, an inertia-controlling primal active-set method starts
+    box) settles well-conditioned and duplicated problems. If it met singular faces and did
+    not converge (low-rank G), a second pass runs the same iteration on
+    λᵀGλ + δ‖λ − c‖² (δ = 1e-9, positive definite faces) and then solves the face it found
+    exactly, the affinely dependent coordinates parked at the proximal solution. If
+    neither converges, or an answer fails the KKT check, an inertia-controlling primal
+    active-set method starts
     from the vertex that minimises the linearisation at c: it keeps the free set affinely
     independent, so it factorises only non-singular systems (an inverse updated in
     O(|F|²) per step), and when freeing a coordinate meets zero curvature it steps to the
