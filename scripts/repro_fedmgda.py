@@ -14,7 +14,8 @@ non-PhD) and draws the figures, and does the same for the longer Fashion-MNIST r
 made by ``OMP_NUM_THREADS=1 python -m flowerdro.experiments conf/<name>.toml``:
 
 * ``fedmgda_fmnist_long``: the method comparison (paper Fig. 3), and the same with seed 1
-  (``fedmgda_fmnist_long_seed1``); ``fedmgda_fmnist_80``: FedMGDA+ and FedAvg for 80 rounds;
+  (``fedmgda_fmnist_long_seed1``); ``fedmgda_fmnist_80`` and ``fedmgda_fmnist_200``:
+  FedMGDA+ and FedAvg for 80 and 200 rounds;
 * ``fedmgda_fmnist_eps``: ε ∈ {0.05, 0.5, 1} (Fig. 1; ε = 0 and 0.1 are the long run's
   ``fedavg-n`` and ``fedmgda+``);
 * ``fedmgda_fmnist_improvement_fullbatch``: fraction of improved participants with
@@ -210,6 +211,7 @@ def improvement_report() -> None:
 LONG = "fedmgda_fmnist_long"
 LONG_SEED1 = "fedmgda_fmnist_long_seed1"
 LONG80 = "fedmgda_fmnist_80"
+LONG200 = "fedmgda_fmnist_200"
 EPS = "fedmgda_fmnist_eps"
 FULLBATCH = "fedmgda_fmnist_improvement_fullbatch"
 # FedAvg's improvement curves (``fedavg-mgda``: FedAvg through the family's server step)
@@ -306,13 +308,13 @@ def fmnist_long_report() -> None:
     _save(fig, "fedmgda_fmnist_long.png")
 
 
-def fmnist_80_report() -> None:
-    """FedMGDA+ and FedAvg for 80 rounds: mean / std client test accuracy at every evaluated round."""
-    runs = {label: recs for label, recs in _runs(LONG80).items() if _evals(recs)}
+def fmnist_80_report(name: str = LONG80) -> None:
+    """FedMGDA+ and FedAvg for 80 (or 200) rounds: mean / std client test accuracy at every evaluated round."""
+    runs = {label: recs for label, recs in _runs(name).items() if _evals(recs)}
     if not runs:
         return
     rounds = sorted(set.union(*(set(_evals(r)) for r in runs.values())))
-    print(f"\n{LONG80}: mean / std client test accuracy % (worst-20% at the last round)")
+    print(f"\n{name}: mean / std client test accuracy % (worst-20% at the last round)")
     print("| method | " + " | ".join(f"round {t}" for t in rounds) + " | worst-20% |")
     print("|---|" + "---|" * (len(rounds) + 1))
     for label, recs in runs.items():
@@ -474,6 +476,7 @@ def main() -> None:
         improvement_report()
         fmnist_long_report()
         fmnist_80_report()
+        fmnist_80_report(LONG200)
         eps_report()
         improvement_curves_report()
         scaling_report()
