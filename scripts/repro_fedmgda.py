@@ -308,13 +308,13 @@ def fmnist_long_report() -> None:
     _save(fig, "fedmgda_fmnist_long.png")
 
 
-def fmnist_80_report(name: str = LONG80) -> None:
+def fmnist_80_report(name: str = LONG80, seed: int = 0) -> None:
     """FedMGDA+ and FedAvg for 80 (or 200) rounds: mean / std client test accuracy at every evaluated round."""
-    runs = {label: recs for label, recs in _runs(name).items() if _evals(recs)}
+    runs = {label: recs for label, recs in _runs(name, seed).items() if _evals(recs)}
     if not runs:
         return
     rounds = sorted(set.union(*(set(_evals(r)) for r in runs.values())))
-    print(f"\n{name}: mean / std client test accuracy % (worst-20% at the last round)")
+    print(f"\n{name}, seed {seed}: mean / std client test accuracy % (worst-20% at the last round)")
     print("| method | " + " | ".join(f"round {t}" for t in rounds) + " | worst-20% |")
     print("|---|" + "---|" * (len(rounds) + 1))
     for label, recs in runs.items():
@@ -476,7 +476,8 @@ def main() -> None:
         improvement_report()
         fmnist_long_report()
         fmnist_80_report()
-        fmnist_80_report(LONG200)
+        for seed in (0, 1):
+            fmnist_80_report(LONG200, seed)
         eps_report()
         improvement_curves_report()
         scaling_report()
