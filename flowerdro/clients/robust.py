@@ -71,6 +71,7 @@ from flowerdro.core.affine import (
     DEFAULT_MAX_DIM,
     apply_affine,
     check_affine_dim,
+    check_ascent_rates,
     flat_dim,
     identity_shift,
     pgd_l2_attack,
@@ -190,10 +191,7 @@ def fedrobust_local(
         The model state and statistics, Λ_i and δ_i after τ steps.
     """
     _check_common(steps, lr, batch_size)
-    if not adv_lr > 0:
-        raise ValueError(f"adv-lr: η₂ must be > 0, got {adv_lr}")
-    if penalty < 0:
-        raise ValueError(f"affine-lambda: λ must be >= 0, got {penalty}")
+    check_ascent_rates(adv_lr, penalty)
     d = flat_dim(data.x_train.shape[1:])
     if tuple(lam.shape) != (d, d) or tuple(delta.shape) != (d,):
         raise ValueError(f"lam, delta: (Λ, δ) must be ({d}, {d}) and ({d},) for inputs of shape "
@@ -302,7 +300,7 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     res, lam, delta = fedrobust_local(model, rt.data, state.lam, state.delta, steps=steps, lr=lr, adv_lr=adv_lr,
                                       penalty=penalty, batch_size=batch_size, generator=gen, loss_fn=rt.loss_fn)
     if not (torch.isfinite(lam).all() and torch.isfinite(delta).all()):
-        raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr or raise affine-lambda")
+        raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr")
     new_state = AffineState(lam, delta, state.rounds + 1)
     save_affine_state(context, new_state)
     metrics = MetricRecord({

@@ -214,6 +214,32 @@ def inner_objective(
     return loss - penalty * ((lam - eye) ** 2).sum() - penalty * (delta ** 2).sum()
 
 
+def check_ascent_rates(adv_lr: float, penalty: float) -> None:
+    r"""Refuse an ascent rate and penalty whose shift iteration cannot converge.
+
+    Algorithm 1's ascent step on the shift is
+    Λ − I ← (1 − 2λη₂)(Λ − I) + η₂∇_Λℓ (and the same for δ), a linear recursion whose
+    factor 1 − 2λη₂ must lie in (−1, 1] for the shift to stay bounded; with λ ≥ 0, η₂ > 0
+    that is λη₂ < 1. (At λη₂ = 1/2 the penalty cancels the previous shift in every step.)
+
+    Raises
+    ------
+    ValueError
+        If η₂ ≤ 0, λ < 0 or λη₂ ≥ 1.
+    """
+    if not adv_lr > 0:
+        raise ValueError(f"adv-lr: η₂ must be > 0, got {adv_lr}")
+    if not penalty >= 0:
+        raise ValueError(f"affine-lambda: λ must be >= 0, got {penalty}")
+    if adv_lr * penalty >= 1.0:
+        raise ValueError(
+            f"adv-lr, affine-lambda: the shift ascent multiplies Λ − I and δ by 1 − 2λη₂ = "
+            f"{1.0 - 2.0 * penalty * adv_lr:g} per step and diverges unless λη₂ < 1; got "
+            f"η₂ = {adv_lr:g}, λ = {penalty:g} (λη₂ = {adv_lr * penalty:g}): lower adv-lr below "
+            f"{1.0 / penalty:g}"
+        )
+
+
 def affine_ascent_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor, delta: torch.Tensor, *,
     adv_lr: float, penalty: float, loss_fn: LossFn | None = None,

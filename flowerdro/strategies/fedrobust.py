@@ -37,6 +37,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from flowerdro.core.affine import check_ascent_rates
 from flowerdro.strategies.base import FairStrategy
 
 #: Message type of FedRobust's local GDA.
@@ -89,8 +90,7 @@ class FedRobust(FairStrategy):
             raise ValueError(f"local-steps: τ must be >= 1, got {local_steps}")
         _positive(adv_lr, "adv-lr")
         _positive(lr, "lr")
-        if not affine_lambda >= 0:
-            raise ValueError(f"affine-lambda: λ must be >= 0, got {affine_lambda}")
+        check_ascent_rates(adv_lr, affine_lambda)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
         if affine_max_dim is not None and affine_max_dim < 1:

@@ -107,6 +107,7 @@ def test_server_averages_w_only_and_the_shift_never_leaves_the_node(synth_rc):
     ("local-steps", 0, "local-steps"),
     ("adv-lr", 0.0, "adv-lr"),
     ("lr", -0.1, "lr"),
+    ("affine-lambda", 100.0, "adv-lr, affine-lambda"),  # with the default adv-lr 0.01: λη₂ = 1
 ])
 def test_fedrobust_rejects_bad_settings(synth_rc, key, value, match):
     with pytest.raises(ValueError, match=match):

@@ -309,6 +309,7 @@ def test_fedrobust_local_step_is_simultaneous_descent_ascent_at_the_current_poin
     ({"steps": 0}, "local-steps"),
     ({"lr": 0.0}, "lr"),
     ({"adv_lr": -1.0}, "adv-lr"),
+    ({"adv_lr": 0.5, "penalty": 2.0}, "λη₂ < 1"),  # factor 1 − 2λη₂ = −1: no decay
 ])
 def test_fedrobust_local_rejects_bad_settings(kwargs, match):
     args = {"steps": 1, "lr": 0.1, "adv_lr": 0.1, "penalty": 0.1, "batch_size": 4, "generator": make_generator(0)}
@@ -365,3 +366,30 @@ def test_evaluate_robustness_from_saved_arrays():
         expected = float(np.mean(margins > eps * np.linalg.norm(v, axis=1)))
         assert out[f"pgd@{eps:g}"] == pytest.approx(expected)
     assert out["affine@0.5,1"] <= clean
+
+
+def test_shift_ascent_contracts_by_one_minus_two_lambda_eta_and_unstable_rates_are_refused():
+    # a model whose output ignores its input: ∇_Λℓ = ∇_δℓ = 0, so one ascent step is exactly
+    # Λ − I ← (1 − 2λη₂)(Λ − I), δ ← (1 − 2λη₂)δ (here 1 − 2·1·0.3 = 0.4)
+    from flowerdro.core.affine import affine_ascent_step, check_ascent_rates
+
+    class Constant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b = torch.nn.Parameter(torch.tensor([0.3, -0.2, 0.1], dtype=DT))
+
+        def forward(self, x):  # noqa: D102
+            return self.b.expand(x.shape[0], 3)
+
+    x = torch.randn(4, 6, dtype=DT, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 0])
+    lam = torch.eye(6, dtype=DT) + 0.5 * torch.ones(6, 6, dtype=DT)
+    delta = torch.full((6,), 2.0, dtype=DT)
+    eta, pen = 0.3, 1.0  # factor 1 − 2·1·0.3 = 0.4
+    new_lam, new_delta = affine_ascent_step(Constant(), x, y, lam, delta, adv_lr=eta, penalty=pen)
+    np.testing.assert_allclose((new_lam - torch.eye(6, dtype=DT)).numpy(), 0.4 * 0.5 * np.ones((6, 6)), atol=1e-14)
+    np.testing.assert_allclose(new_delta.numpy(), np.full(6, 0.8), atol=1e-14)
+    check_ascent_rates(0.999, 1.0)  # factor −0.998: decays
+    for eta, pen in ((1.0, 1.0), (0.5, 3.0), (0.05, 30.0)):
+        with pytest.raises(ValueError, match="adv-lr, affine-lambda"):
+            check_ascent_rates(eta, pen)
