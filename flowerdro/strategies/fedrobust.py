@@ -31,11 +31,13 @@ FGM and PGD adversarial training).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from flowerdro.core.affine import check_ascent_rates
 from flowerdro.strategies.base import FairStrategy
@@ -44,6 +46,8 @@ from flowerdro.strategies.base import FairStrategy
 TRAIN_FEDROBUST = "train.fedrobust"
 #: Message type of the state query (‖Λ_i − I‖_F, ‖δ_i‖₂).
 QUERY_AFFINE_STATE = "query.affine_state"
+#: Metrics of a ``query.affine_state`` reply kept by :meth:`FedRobust.query_affine_state`.
+_STATE_KEYS = ("lambda-dev-fro", "delta-norm", "affine-rounds")
 
 
 def _positive(value: float | None, key: str) -> None:
@@ -99,6 +103,8 @@ class FedRobust(FairStrategy):
         self.local_steps = int(local_steps)
         self.adv_lr = float(adv_lr)
         self.affine_lambda = float(affine_lambda)
+        #: partition id → the node's stored shift, read back after the last round.
+        self.affine_state: dict[str, dict[str, float]] = {}
         self.lr = lr
         self.batch_size = batch_size
         self.affine_max_dim = affine_max_dim
@@ -134,6 +140,32 @@ class FedRobust(FairStrategy):
         return self.build_messages(chosen, content, TRAIN_FEDROBUST)
 
     # aggregate_train: FairStrategy's default, the num-examples-weighted average of w.
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              **kwargs: Any) -> Result:
+        """Run the rounds (:meth:`FairStrategy.start`), then read every node's shift back.
+
+        After the last round every node answers ``query.affine_state`` (the node's stored
+        ‖Λ_i − I‖_F, ‖δ_i‖₂ and the number of rounds it trained); the answers are kept in
+        :attr:`affine_state` and written to ``<output_dir>/affine_state.json``. A node that
+        fails the query is counted under ``affine-state`` like any other failure.
+        """
+        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, **kwargs)
+        self.affine_state = self.query_affine_state(grid)
+        if self.output_dir is not None:
+            (self.output_dir / "affine_state.json").write_text(json.dumps(self.affine_state, indent=2))
+        return result
+
+    def query_affine_state(self, grid: Grid) -> dict[str, dict[str, float]]:
+        """``query.affine_state`` to every node: partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂, rounds trained."""
+        content = RecordDict({"config": ConfigRecord({})})
+        replies = self.communicate(grid, self.build_messages(self.nodes(grid), content, QUERY_AFFINE_STATE),
+                                   phase="affine-state", required_metrics=_STATE_KEYS)
+        out = {}
+        for reply in replies:
+            m = reply.content["metrics"]
+            out[str(int(m["partition-id"]))] = {k: float(m[k]) for k in _STATE_KEYS}
+        return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 class AdversarialTraining(FairStrategy):

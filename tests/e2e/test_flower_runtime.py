@@ -102,6 +102,15 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         robust = [json.loads(x) for x in (out / "fedrobust" / "rounds.jsonl").read_text().splitlines()]
         assert [r["train"]["affine-rounds"] for r in robust] == [1.0, 2.0]
         assert robust[1]["train"]["lambda-dev-fro"] > 0.0
+        # ... and read back through `query.affine_state` after the last round: the SuperNode
+        # sampled for training (the same one in both rounds, seeded) still holds the shift
+        # it moved in both; a node never sampled holds the identity
+        state = json.loads((out / "fedrobust" / "affine_state.json").read_text())
+        assert sorted(state) == ["0", "1"]
+        trained = [v for v in state.values() if v["affine-rounds"] > 0]
+        assert trained and all(v["affine-rounds"] == 2.0 and v["lambda-dev-fro"] > 0.0 for v in trained), state
+        assert all(v["lambda-dev-fro"] == 0.0 and v["delta-norm"] == 0.0 for v in state.values()
+                   if v["affine-rounds"] == 0), state
     finally:
         stop(procs)  # whole process groups: SuperExec and app subprocesses too
         for log in logs:

@@ -59,6 +59,28 @@ def test_affine_shifts_persist_across_rounds_and_are_read_back_by_query(synth_rc
         lam_stored, delta_stored = _stored_norms(grid, nid)
         assert lam_norms[-1] == pytest.approx(lam_stored, rel=1e-6)
         assert delta_norms[-1] == pytest.approx(delta_stored, rel=1e-6)
+        # the strategy's own read-back after the last round reports the same stored shift
+        got = strategy.affine_state[str(pid)]
+        assert got["affine-rounds"] == 3.0
+        assert got["lambda-dev-fro"] == pytest.approx(lam_stored, rel=1e-6)
+        assert got["delta-norm"] == pytest.approx(delta_stored, rel=1e-6)
+    assert sorted(strategy.affine_state, key=int) == ["0", "1", "2"]
+
+
+def test_shift_read_back_counts_a_failing_node_and_keeps_the_others(synth_rc, tmp_path):
+    from flowerdro.experiments import Fault
+
+    rc = {**synth_rc, **ROBUST}
+    grid = InProcessGrid(client_app, 3, rc, faults={1: Fault("raise", message_types=("query.affine_state",))})
+    strategy = build_strategy("fedrobust", rc)
+    strategy.output_dir = tmp_path
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=2, timeout=60, train_config=client_config(rc))
+    assert sorted(strategy.affine_state) == ["0", "2"]
+    assert all(v["affine-rounds"] == 2.0 for v in strategy.affine_state.values())
+    assert any(f.phase == "affine-state" for f in strategy.failures)
+    import json
+
+    assert json.loads((tmp_path / "affine_state.json").read_text()) == strategy.affine_state
 
 
 def test_server_averages_w_only_and_the_shift_never_leaves_the_node(synth_rc):
