@@ -719,3 +719,200 @@ def test_low_rank_pass_with_ties_and_box_limits(eps, centered):
     center = rng.dirichlet(np.ones(30)) if centered else None
     _check_solution(W @ W.T, eps, center)
     _check_solution(_low_rank_gram(5, 30, 3), eps, center)
+
+
+# --------------------------------------------------------------------------- interior-point pass
+def _scaled_problem(G: np.ndarray, eps: float | None, center: np.ndarray | None = None):
+    """The scaled problem exactly as min_norm_weights hands it to _solve_qp."""
+    m = G.shape[0]
+    c, lo, hi = _bounds(m, eps, center)
+    hi = np.where(hi >= 1.0, np.inf, hi)
+    H = G / np.max(np.diag(G))
+    return H, H + 1.0, lo, hi, c
+
+
+@pytest.mark.parametrize("m, r", [(100, 10), (60, 5), (40, 2), (100, 33), (200, 20), (30, 29)])
+@pytest.mark.parametrize("eps_m", [None, 0.5, 2.0, 10.0])  # ε = eps_m / m
+def test_ipm_pass_is_exact(m, r, eps_m):
+    # Prepare: m unit updates of rank r, with no box or boxes from tight (0.5/m) to loose
+    G = _low_rank_gram(7 * m + r, m, r)
+    eps = None if eps_m is None else eps_m / m
+    H, Hh, lo, hi, c = _scaled_problem(G, eps)
+    # Execute: the interior-point pass alone
+    x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
+    # Assert: it identifies the face; the face solution is feasible and passes the KKT
+    # check, and it has the objective of cvxpy and of the whole solver (Frank-Wolfe
+    # certificate inside _check_solution)
+    assert ok
+    total = mgda_mod._fix_sum(x, state, lo, hi)
+    assert abs(total - 1.0) <= 1e-13 and np.all(x >= lo) and np.all(x <= hi)
+    assert mgda_mod._kkt_error(H, x, state) <= 1e-13
+    lam = _check_solution(G, eps, None)
+    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", [300, 301, 307, 308, 309])
+def test_ipm_pass_on_tight_boxes(seed, monkeypatch):
+    # the benchmark's hard case (rank m/10, ε = 0.5/m), on which the proximal pass gives
+    # way for seeds 300 and 307 (8 and 10 free coordinates at the optimum; on 301, 308 and
+    # 309 the origin is in the hull): the interior-point pass finds the face on every seed,
+    # in a number of iterations that does not depend on the face
+    m = 100
+    G = _low_rank_gram(seed, m, 10)
+    eps = 0.5 / m
+    H, Hh, lo, hi, c = _scaled_problem(G, eps)
+    potrf = []
+    real = mgda_mod.lapack
+
+    class Counting:  # counts the interior-point iterations (one k × k Cholesky each)
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def dpotrf(self, *args, **kwargs):
+            potrf.append(args[0].shape)
+            return real.dpotrf(*args, **kwargs)
+
+    monkeypatch.setattr(mgda_mod, "lapack", Counting())
+    x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
+    monkeypatch.setattr(mgda_mod, "lapack", real)
+    assert ok
+    iterations = sum(1 for shape in potrf if shape == (11, 11))  # Ĥ has rank 10 + 1
+    assert 3 <= iterations <= 12
+    mgda_mod._fix_sum(x, state, lo, hi)
+    assert mgda_mod._kkt_error(H, x, state) <= 1e-13
+    # the same optimum as the solver without the interior-point pass (active-set finish)
+    lam = _check_solution(G, eps, None)
+    monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
+    monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
+    old = min_norm_weights(G, eps)
+    assert lam @ G @ lam == pytest.approx(old @ G @ old, rel=1e-9, abs=1e-15)
+    assert x @ H @ x == pytest.approx(old @ H @ old, rel=1e-9, abs=1e-15)
+
+
+def test_ipm_pass_goes_first_only_under_a_box(monkeypatch):
+    # with an ε-box and m ≥ _IPM_FIRST_M the interior-point pass runs first; without a
+    # box, or below that m, the proximal pass does (and the other one only if it fails)
+    calls = []
+    real_ipm, real_prox = mgda_mod._ipm_face, mgda_mod._pdas_low_rank
+
+    def ipm(*args, **kwargs):
+        calls.append("ipm")
+        return real_ipm(*args, **kwargs)
+
+    def prox(*args, **kwargs):
+        calls.append("prox")
+        return real_prox(*args, **kwargs)
+
+    monkeypatch.setattr(mgda_mod, "_ipm_face", ipm)
+    monkeypatch.setattr(mgda_mod, "_pdas_low_rank", prox)
+    G = _low_rank_gram(301, 100, 10)
+    min_norm_weights(G, 0.005)
+    assert calls[0] == "ipm"
+    calls.clear()
+    min_norm_weights(G, None)
+    assert calls[0] == "prox"
+    calls.clear()
+    min_norm_weights(_low_rank_gram(5, 10, 1), 0.05)  # m = 10 < _IPM_FIRST_M
+    assert calls[:1] == ["prox"] or calls == []
+
+
+@pytest.mark.parametrize("failing", ["ipm", "both"])
+def test_solver_is_exact_when_low_rank_passes_fail(failing, monkeypatch):
+    # a pass that reports failure hands over to the next one and finally to the
+    # active-set method; the answer stays exact
+    G = _low_rank_gram(300, 100, 10)
+    eps = 0.005
+    want = min_norm_weights(G, eps)
+
+    def fail(H, Hh, lo, hi, *rest):
+        return np.full(H.shape[0], 1.0 / H.shape[0]), np.zeros(H.shape[0]), False
+
+    monkeypatch.setattr(mgda_mod, "_ipm_face", fail)
+    if failing == "both":
+        monkeypatch.setattr(mgda_mod, "_pdas_low_rank", lambda H, Hh, lo, hi, c: fail(H, Hh, lo, hi))
+    got = _check_solution(G, eps, None)
+    assert got @ G @ got == pytest.approx(want @ G @ want, rel=1e-9, abs=1e-15)
+
+
+def test_face_repair_corrects_a_wrong_guess_and_gives_up_on_a_bad_one():
+    # Prepare: the optimal face of the hard case (seed 300: 8 free coordinates; on some
+    # seeds the origin is in the hull and nearly every coordinate is free), then one and
+    # then many coordinates wrong
+    G = _low_rank_gram(300, 100, 10)
+    eps = 0.005
+    H, Hh, lo, hi, c = _scaled_problem(G, eps)
+    lam = min_norm_weights(G, eps)
+    opt = np.where(lam <= lo, -1.0, np.where(lam >= hi, 1.0, 0.0))
+    free = (opt == 0.0).nonzero()[0]
+    assert 2 <= free.size <= 11  # at most rank + 1 free coordinates
+    f_opt = float(lam @ H @ lam)
+    # Execute / Assert: the right face is solved in one go
+    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, opt, c)
+    assert ok and np.array_equal(st, opt)
+    assert x @ H @ x == pytest.approx(f_opt, rel=1e-12, abs=1e-18)
+    # the interior-point guess errs on coordinates whose multiplier is near zero: the
+    # bound coordinate nearest to the threshold guessed free leaves its box in the face
+    # solve and is sent back to its bound
+    g = H @ lam
+    gap = np.abs(g - g[free].mean())
+    near = min((i for i in range(100) if opt[i] != 0.0), key=lambda i: gap[i])
+    wrong = opt.copy()
+    wrong[near] = 0.0
+    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, wrong, c)
+    assert ok and np.array_equal(st, opt)
+    assert x @ H @ x == pytest.approx(f_opt, rel=1e-12, abs=1e-18)
+    # every coordinate at its other bound: more violations than corrections, no answer
+    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, np.where(opt == 0.0, 0.0, -opt), c)
+    assert not ok
+
+
+def test_low_rank_factor_reuses_the_first_factorisation():
+    # _pdas factorises Ĥ with pivoting on its first (all-free) face; the interior-point
+    # pass reuses that factorisation instead of a second one, and both give V̂V̂ᵀ = Ĥ
+    G = _low_rank_gram(11, 50, 4)
+    H, Hh, lo, hi, c = _scaled_problem(G, 0.01)
+    full: list = []
+    mgda_mod._pdas(H, Hh, lo, hi, c, full)
+    assert len(full) == 1
+    V1 = mgda_mod._low_rank_factor(Hh, full[0])
+    V2 = mgda_mod._low_rank_factor(Hh)
+    assert V1.shape == (50, 5)  # rank 4 + the all-ones direction
+    np.testing.assert_allclose(V1 @ V1.T, Hh, atol=1e-12)
+    np.testing.assert_allclose(V1, V2, atol=0.0)
+
+
+def _stress_instance_91101():
+    # instance 91101 of the tight-box stress test (outside the repository): m = 72 unit
+    # updates of rank 33, a quarter of them exactly opposite to another quarter, ε = 5/m
+    # around a random centre; the origin is in the hull (optimal value 0)
+    rng = np.random.default_rng(91101)
+    m = int(rng.integers(20, 201))
+    r = int(rng.integers(1, max(2, m // 2)))
+    V = _unit_rows(rng.standard_normal((m, r)))
+    if rng.random() < 0.2:
+        V[m // 2 :] = V[: m - m // 2]
+    if rng.random() < 0.1:
+        V[: m // 4] = -V[m // 4 : 2 * (m // 4)]
+    eps = float(rng.choice([0.2, 0.5, 1.0, 2.0, 5.0, 20.0])) / m
+    center = None
+    if rng.random() < 0.4:
+        center = rng.dirichlet(np.full(m, rng.choice([0.3, 1.0, 5.0])))
+        if rng.random() < 0.3:
+            center[rng.integers(0, m, max(1, m // 4))] = 0.0
+            center /= center.sum()
+    return V @ V.T, eps, center
+
+
+@pytest.mark.parametrize("passes", ["on", "off"])
+def test_polish_never_makes_the_answer_infeasible(passes, monkeypatch):
+    # the active-set finish ended at a KKT point with Σλ = 1 exactly, and the final face
+    # re-solve (polish) clipped free coordinates that sit on their lower bound, leaving
+    # Σλ − 1 = 1.3e-13: min_norm_weights raised "KKT check failed ... feasible: False".
+    # The polished point now replaces the active-set answer only when it is no worse.
+    G, eps, center = _stress_instance_91101()
+    assert G.shape == (72, 72) and eps == pytest.approx(5.0 / 72)
+    if passes == "off":  # force the active-set path, where the failure was
+        monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
+        monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
+    lam = _check_solution(G, eps, center)
+    assert lam @ G @ lam <= 1e-12  # the origin is in the hull
