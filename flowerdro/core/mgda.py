@@ -71,7 +71,7 @@ _IPM_MAX_TRIES = 4  # ... and exact-face guesses before it gives way to the acti
 _IPM_MAX_REPAIR = 3  # single-coordinate corrections of one guessed face
 _IPM_Z0 = 0.1  # initial multipliers, times the gradient spread (0.1-0.3 took ~12% fewer
 # Cholesky factorisations than 1 on 40 random tight-box low-rank instances)
-_IPM_FIRST_M = 20  # with an ε-box and m at least this, the interior-point pass goes first
+_IPM_FIRST_M = 20  # from this m on the interior-point pass runs (first under an ε-box)
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,7 +413,7 @@ def _ipm_face(
     Face identification (Tapia indicators): a slack that the predictor step would cut by
     more than half while its multiplier keeps more than half marks an active bound; the
     other coordinates are free. Once this guess changes in at most two coordinates from
-    one iteration to the next, or (from the fourth iteration) has no more free coordinates
+    one iteration to the next, or has no more free coordinates
     than a non-degenerate optimal face can have (rank + 1), :func:`_face_repair` solves the
     guessed face exactly, with up to ``_IPM_MAX_REPAIR`` single-coordinate corrections; a
     failed guess lets the iterations go on, up to ``_IPM_MAX_TRIES`` guesses and
@@ -494,7 +494,7 @@ def _ipm_face(
             # non-degenerate optimal face can be (rank + 1 affinely independent points)
             if prev is not None and (
                 int(np.count_nonzero(new != prev)) <= 2
-                or (it >= 3 and int(np.count_nonzero(new == 0.0)) <= k)
+                or int(np.count_nonzero(new == 0.0)) <= k
             ):
                 tries += 1
                 xe, st, ok = _face_repair(H, Hh, lo, hi, new, sl + lo)
@@ -929,9 +929,9 @@ def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> n
     """min xᵀHx over {lo ≤ x ≤ hi, Σx = 1} for a scaled PSD H (max H_ii = 1), c feasible.
 
     :func:`_pdas` first, then (if it met singular faces without converging, m ≤ 200)
-    :func:`_ipm_face` and :func:`_pdas_low_rank`, in this order under an ε-box with
-    m ≥ ``_IPM_FIRST_M``, else the other way round, until one converges; when none gives
-    a point that passes the KKT check,
+    :func:`_ipm_face` and :func:`_pdas_low_rank`, in this order under an ε-box, else the
+    other way round, until one converges (below m = ``_IPM_FIRST_M`` only the latter);
+    when none gives a point that passes the KKT check,
     :func:`_active_set` from the vertex that minimises the linearisation at c (restarted
     with Bland's rule if it ever runs out of iterations), then :func:`_polish`. The answer
     is checked for feasibility and the KKT conditions before it is returned.
@@ -945,8 +945,12 @@ def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> n
         # tight-box instances at m = 20 and 30, 2 of 4 at m = 40 and 60), while the
         # interior-point pass found it on all of them, so it goes first there
         box = not np.isinf(hi).all()
-        ipm_first = box and H.shape[0] >= _IPM_FIRST_M
-        passes = (_ipm_face, _pdas_low_rank) if ipm_first else (_pdas_low_rank, _ipm_face)
+        if H.shape[0] < _IPM_FIRST_M:  # its fixed cost exceeds the active-set finish there
+            passes: tuple = (_pdas_low_rank,)
+        elif box:
+            passes = (_ipm_face, _pdas_low_rank)
+        else:
+            passes = (_pdas_low_rank, _ipm_face)
         for low_rank_pass in passes:
             if low_rank_pass is _ipm_face:
                 x, state, converged = _ipm_face(H, Hh, lo, hi, full[0] if full else None)
@@ -1013,7 +1017,8 @@ def min_norm_weights(
     face), whose Tapia indicators give the face, corrected coordinate by coordinate; and
     the same primal-dual iteration on λᵀGλ + δ‖λ − c‖² (δ = 1e-9, positive definite
     faces), the affinely dependent coordinates parked at the proximal solution. Under an
-    ε-box with m ≥ 20 the interior-point pass goes first, otherwise the proximal one. If
+    ε-box the interior-point pass goes first, otherwise the proximal one; below m = 20
+    only the proximal one runs. If
     none converges, or an answer fails the KKT check, an inertia-controlling primal
     active-set method starts
     from the vertex that minimises the linearisation at c: it keeps the free set affinely
