@@ -305,19 +305,10 @@ def _pdas_low_rank(
     else:
         return x, state, False
     # the exact face solve, dependent coordinates parked at λ_δ
-    Lf, ind, dep = _face_factor(Hh, fi, pivoted=True)
-    xe = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
-    if dep.size:
-        xe[dep] = x.take(dep).clip(lo.take(dep), hi.take(dep))
-    rhs = np.ones((ind.size, 2), order="F")
-    rhs[:, 0] = (H @ xe).take(ind)
-    r = 1.0 - float(np.add.reduce(xe))
-    sol, _info = lapack.dpotrs(Lf, rhs, lower=1)
-    y, z = sol[:, 0], sol[:, 1]
-    xi = ((float(y.sum()) + r) / float(z.sum())) * z - y
+    xe, ind = _face_solution(H, Hh, lo, hi, state, x, pivoted=True)
+    xi = xe.take(ind)
     if not (np.all(xi >= lo.take(ind)) and np.all(xi <= hi.take(ind))):
         return x, state, False
-    xe[ind] = xi
     return xe, state, True
 
 
@@ -340,17 +331,40 @@ def _low_rank_factor(
     return V
 
 
+def _face_solution(
+    H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray, state: np.ndarray,
+    park: np.ndarray, pivoted: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """λ on the face ``state`` (F = its zeros, non-empty): the minimiser of λᵀHλ there.
+
+    Bound coordinates sit on their bounds. :func:`_face_factor` splits F into affinely
+    independent coordinates I and dependent ones D; D stays at ``park`` (clipped into the
+    box) and I solves the face equations H_I λ = θ1, Σλ = 1 exactly (the gradient on D
+    then equals θ too, D being affine combinations of I). λ_I may leave the box; the
+    callers check. Returns (λ, I).
+    """
+    fi = (state == 0.0).nonzero()[0]
+    Lf, ind, dep = _face_factor(Hh, fi, pivoted)
+    xe = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
+    if dep.size:
+        xe[dep] = park.take(dep).clip(lo.take(dep), hi.take(dep))
+    rhs = np.ones((ind.size, 2), order="F")
+    rhs[:, 0] = (H @ xe).take(ind)
+    r = 1.0 - float(np.add.reduce(xe))
+    sol, _info = lapack.dpotrs(Lf, rhs, lower=1)
+    y, z = sol[:, 0], sol[:, 1]
+    xe[ind] = ((float(y.sum()) + r) / float(z.sum())) * z - y
+    return xe, ind
+
+
 def _face_repair(
     H: np.ndarray, Hh: np.ndarray, lo: np.ndarray, hi: np.ndarray, state: np.ndarray,
     park: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Exact minimiser of λᵀHλ on a guessed face, corrected one coordinate at a time.
 
-    The face ``state`` fixes the bound coordinates; the pivoted Cholesky factor of Ĥ_FF
-    splits the free set F into affinely independent coordinates I and dependent ones D;
-    D stays at ``park`` (clipped into the box) and I solves the face equations
-    H_I λ = θ1, Σλ = 1 exactly (the gradient on D then equals θ too, D being affine
-    combinations of I). If the answer violates the KKT conditions, the worst violation is
+    The face ``state`` is solved exactly by :func:`_face_solution` (dependent free
+    coordinates parked at ``park``). If the answer violates the KKT conditions, the worst violation is
     corrected and the face solved again, at most ``_IPM_MAX_REPAIR`` times: a free
     coordinate outside its box first (it goes to the bound it crossed), otherwise the
     bound coordinate with the most wrong-signed multiplier g_i − θ (it is freed); it gives
@@ -359,22 +373,12 @@ def _face_repair(
     more than 10 ``_TOL_MULT`` (the caller's KKT check certifies the answer).
     """
     state = state.copy()
+    xe = np.where(state < 0.0, lo, hi)
     for repair in range(_IPM_MAX_REPAIR + 1):
         free = state == 0.0
-        fi = free.nonzero()[0]
-        xe = np.where(state < 0.0, lo, hi)
-        xe[free] = 0.0
-        if fi.size == 0:
+        if not free.any():
             return xe, state, False
-        Lf, ind, dep = _face_factor(Hh, fi)
-        if dep.size:
-            xe[dep] = park.take(dep).clip(lo.take(dep), hi.take(dep))
-        rhs = np.ones((ind.size, 2), order="F")
-        rhs[:, 0] = (H @ xe).take(ind)
-        r = 1.0 - float(np.add.reduce(xe))
-        sol, _info = lapack.dpotrs(Lf, rhs, lower=1)
-        y, z = sol[:, 0], sol[:, 1]
-        xe[ind] = ((float(y.sum()) + r) / float(z.sum())) * z - y
+        xe, ind = _face_solution(H, Hh, lo, hi, state, park)
         out = np.maximum(lo - xe, xe - hi)
         out *= free
         g = H @ xe
