@@ -345,7 +345,8 @@ def _face_solution(
     """
     fi = (state == 0.0).nonzero()[0]
     Lf, ind, dep = _face_factor(Hh, fi, pivoted)
-    xe = np.where(state < 0.0, lo, np.where(state > 0.0, hi, 0.0))
+    xe = np.where(state < 0.0, lo, hi)
+    xe[fi] = 0.0
     if dep.size:
         xe[dep] = park.take(dep).clip(lo.take(dep), hi.take(dep))
     rhs = np.ones((ind.size, 2), order="F")
@@ -431,6 +432,7 @@ def _ipm_face(
     Vt = np.ascontiguousarray(V.T)
     dot = np.dot  # np.dot dispatches faster than @ on these small operands
     one = np.ones(m)
+    one2 = np.ones(2 * m)
     hb = np.minimum(hi, 2.0)
     w = hb - lo
     m2 = 2 * m
@@ -464,10 +466,11 @@ def _ipm_face(
         rd -= th
         rp = rsum - float(sl.dot(one))
         sz = s * z
-        mu = float(sz.sum()) * inv
+        mu = float(sz.dot(one2)) * inv
         zs = z / s
         Di = zs[:m] + zs[m:]
         np.divide(1.0, Di, out=Di)
+        np.negative(zs, out=zs)  # from here zs = −z/s
         VDt = Vt * Di  # Vᵀ D⁻¹ (k × m)
         C = dot(VDt, V)
         C += eye
@@ -481,12 +484,12 @@ def _ipm_face(
         W -= dot(t.T, VDt)
         y, zz = W[0], W[1]
         szz = float(zz.dot(one))
-        dx = y + ((rp - float(y.dot(one))) / szz) * zz
-        ds[:m] = dx
+        dx = ds[:m]
+        np.multiply(zz, (rp - float(y.dot(one))) / szz, out=dx)
+        dx += y
         np.negative(dx, out=ds[m:])
         np.multiply(zs, ds, out=dz)
-        dz += z
-        np.negative(dz, out=dz)  # dz = −z − (z/s)·ds
+        dz -= z  # dz = −z − (z/s)·ds
         np.divide(dv, v, out=ratio)
         if it >= 2:
             # Tapia: active where s_aff/s < ½ and z_aff/z > ½
@@ -530,8 +533,7 @@ def _ipm_face(
         ds[:m] = b
         np.negative(b, out=ds[m:])
         np.multiply(zs, ds, out=dz)
-        dz += q
-        np.negative(dz, out=dz)  # dz = q − (z/s)·ds with q = −(...)/s
+        dz -= q  # dz = −q − (z/s)·ds, q = (ds∘dz + s∘z − σμ)/s
         np.divide(dv, v, out=ratio)
         tp, td = minimum(r2, axis=1)
         ap = 0.995 if tp >= -1.0 else -0.995 / tp
