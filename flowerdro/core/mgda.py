@@ -947,8 +947,8 @@ def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> n
     x, state, converged, singular = _pdas(H, Hh, lo, hi, c, full)
     if singular and not converged and H.shape[0] <= _REG_MAX_M:
         # low rank: the proximal pass is the cheaper one on the plain simplex and for small
-        # m; under an ε-box its sets often oscillate (it found the face on 1 of 4 random
-        # tight-box instances at m = 20 and 30, 2 of 4 at m = 40 and 60), while the
+        # m; under an ε-box its sets often oscillate (on random tight-box instances at
+        # m = 20-60 it found the face on as few as 1 of 4 for some (m, rank)), while the
         # interior-point pass found it on all of them, so it goes first there
         box = not np.isinf(hi).all()
         if H.shape[0] < _IPM_FIRST_M:  # its fixed cost exceeds the active-set finish there
