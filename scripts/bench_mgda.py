@@ -32,6 +32,7 @@ import time
 import warnings
 
 import numpy as np
+from stress_mgda import load_module  # scripts/ is on the path when run as a script
 
 from flowerdro.core.mgda import combine_rows, gram_matrix, mgda_direction, min_norm_weights
 from flowerdro.strategies.fedmgda import fedmgda_server_step
@@ -91,21 +92,10 @@ def _gram(kind: str, m: int, rng: np.random.Generator) -> np.ndarray:
     return V @ V.T
 
 
-def _load_module(path: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mgda_before", path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"--before: cannot load a module from {path!r}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def bench_qp(quick: bool, before: str | None = None) -> None:
     print("== min_norm_weights vs cvxpy (CLARABEL), same G, interleaved runs, median times ==")
     print(f"load average (1, 5, 15 min): {os.getloadavg()}")
-    old = _load_module(before) if before else None
+    old = load_module(before) if before else None
     header = (
         f"{'m':>5} {'case':<11} {'eps':>6} {'ours ms':>9} {'cvxpy ms':>9} {'speed-up':>9} "
         f"{'CPU speed-up':>12} {'f_ours - f_cvxpy':>17}  target"

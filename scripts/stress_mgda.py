@@ -168,7 +168,8 @@ def cvxpy_value(G: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[float, f
     return float(v @ G @ v), viol
 
 
-def _load(path: str):
+def load_module(path: str):
+    """Import an earlier version of ``flowerdro/core/mgda.py`` from a file (``--before``)."""
     spec = importlib.util.spec_from_file_location("mgda_before", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--before: cannot load a module from {path!r}")
@@ -188,7 +189,7 @@ def run(family: str, count: int, start: int, before: str | None = None,
     if family not in FAMILIES:
         raise ValueError(f"family: must be one of {', '.join(FAMILIES)}, got {family!r}")
     make = FAMILIES[family]
-    old = _load(before) if before else None
+    old = load_module(before) if before else None
     stats = {"ok": 0, "fail": 0}
     real_ipm = mgda._ipm_face
 
