@@ -19,8 +19,8 @@ Families (``--family``), each a function of the seed only:
   1e-4, 0.5/m, 0.01, 0.05, 0.2, 1}; random centres, some with exact zeros;
 * ``mid``: m ∈ [30, 200], ranks 2 … m − 1, some duplicated; ε ∈ {None, 0.2/m, …, 0.3};
 * ``ipm``: m ∈ [20, 200], rank ≤ m/2, tight boxes ε ∈ {0.2, 0.5, 1, 2, 5, 20}/m,
-  duplicated and opposite rows, random centres with zeros (the interior-point pass runs
-  first on these).
+  duplicated and opposite rows, random centres with zeros (the affine-minimum pass, then
+  the interior-point pass run first on these).
 
 Run: ``python scripts/stress_mgda.py --family ipm --count 6000 --start 90000``; the exit
 status is 1 when any instance fails. Session 4 ran mixed 6000 from 70000, mid 2000 from
@@ -106,7 +106,7 @@ def instance_mid(seed: int) -> Instance:
 
 
 def instance_ipm(seed: int) -> Instance:
-    """Tight boxes and low rank at m ∈ [20, 200] (the interior-point pass goes first)."""
+    """Tight boxes and low rank at m ∈ [20, 200] (the low-rank passes run on these)."""
     rng = np.random.default_rng(seed)
     m = int(rng.integers(20, 201))
     r = int(rng.integers(1, max(2, m // 2)))
@@ -183,26 +183,31 @@ def run(family: str, count: int, start: int, before: str | None = None,
     """Solve and certify ``count`` instances of ``family`` from seed ``start``; a summary.
 
     The summary holds the failing seeds with a reason, how many answers were worse or
-    better than ``before``'s, the cvxpy comparisons, and how often the interior-point pass
-    reported success.
+    better than ``before``'s, the cvxpy comparisons, and how often each low-rank pass
+    (affine minimum, interior point, proximal) reported success or failure.
     """
     if family not in FAMILIES:
         raise ValueError(f"family: must be one of {', '.join(FAMILIES)}, got {family!r}")
     make = FAMILIES[family]
     old = load_module(before) if before else None
-    stats = {"ok": 0, "fail": 0}
-    real_ipm = mgda._ipm_face
+    names = {"_affine_pass": "affine", "_ipm_face": "interior_point", "_pdas_low_rank": "proximal"}
+    stats = {label: {"ok": 0, "fail": 0} for label in names.values()}
+    real = {name: getattr(mgda, name) for name in names}
 
-    def counting_ipm(*args, **kwargs):
-        out = real_ipm(*args, **kwargs)
-        stats["ok" if out[2] else "fail"] += 1
-        return out
+    def counting(name):
+        def wrapper(*args, **kwargs):
+            out = real[name](*args, **kwargs)
+            stats[names[name]]["ok" if out[2] else "fail"] += 1
+            return out
+        wrapper.__name__ = f"counting{name}"
+        return wrapper
 
     fails: list[tuple[int, str]] = []
     worse = better = ncvx = 0
     cvx_infeasible: list[tuple[int, float, float]] = []
     t0 = time.time()
-    mgda._ipm_face = counting_ipm
+    for name in names:
+        setattr(mgda, name, counting(name))
     try:
         for seed in range(start, start + count):
             G, eps, center = make(seed)
@@ -250,11 +255,12 @@ def run(family: str, count: int, start: int, before: str | None = None,
             if not quiet and done % 500 == 0:
                 print(f"{done} done, {len(fails)} failures, {time.time() - t0:.0f} s", flush=True)
     finally:
-        mgda._ipm_face = real_ipm
+        for name, fn in real.items():
+            setattr(mgda, name, fn)
     return {"family": family, "count": count, "start": start, "failures": fails,
             "worse_than_before": worse, "better_than_before": better,
             "cvxpy_comparisons": ncvx, "cvxpy_lower_but_infeasible": cvx_infeasible,
-            "interior_point_pass": stats, "seconds": time.time() - t0}
+            "low_rank_passes": stats, "seconds": time.time() - t0}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"better than before {out['better_than_before']}, {out['seconds']:.0f} s")
     print(f"cvxpy comparisons {out['cvxpy_comparisons']}; cvxpy lower only by violating "
           f"constraints (> 1e-13): {out['cvxpy_lower_but_infeasible']}")
-    print(f"interior-point pass: {out['interior_point_pass']}")
+    print(f"low-rank passes: {out['low_rank_passes']}")
     for seed, why in out["failures"][:20]:
         print(f"  seed {seed}: {why}")
     return 1 if out["failures"] else 0

@@ -685,6 +685,7 @@ def test_low_rank_pass_is_exact(m, r, eps, monkeypatch):
     # end to end against cvxpy and Frank-Wolfe, and against the solver without this pass
     lam = _check_solution(G, eps, None)
     monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
+    monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
     old = min_norm_weights(G, eps)
     assert lam @ G @ lam == pytest.approx(old @ G @ old, rel=1e-9, abs=1e-13)
 
@@ -719,6 +720,144 @@ def test_low_rank_pass_with_ties_and_box_limits(eps, centered):
     center = rng.dirichlet(np.ones(30)) if centered else None
     _check_solution(W @ W.T, eps, center)
     _check_solution(_low_rank_gram(5, 30, 3), eps, center)
+
+
+# --------------------------------------------------------------------------- affine-minimum pass
+def _affine_inputs(G: np.ndarray, eps: float | None):
+    """The scaled problem and the pivoted factor of Ĥ that _pdas leaves for the pass."""
+    H, Hh, lo, hi, c = _scaled_problem(G, eps)
+    full: list = []
+    _x, _state, converged, singular = mgda_mod._pdas(H, Hh, lo, hi, c, full)
+    assert singular and not converged and len(full) == 1
+    return H, Hh, lo, hi, c, full
+
+
+def _affine_minimum(H: np.ndarray) -> float:
+    """min λᵀHλ over the affine hull Σλ = 1 (no bounds), from the bordered KKT system by
+    least squares (H is singular, so the system is; its minimum-norm solution is one)."""
+    m = H.shape[0]
+    K = np.zeros((m + 1, m + 1))
+    K[:m, :m] = 2.0 * H
+    K[:m, m] = K[m, :m] = 1.0
+    rhs = np.zeros(m + 1)
+    rhs[m] = 1.0
+    sol = np.linalg.lstsq(K, rhs, rcond=1e-12)[0]
+    return float(sol[:m] @ H @ sol[:m])
+
+
+@pytest.mark.parametrize("m, r, eps", [(100, 10, None), (100, 33, None), (60, 5, 0.5 / 60),
+                                       (100, 10, 0.005), (40, 4, None), (150, 20, 2.0 / 150)])
+def test_affine_pass_finds_the_nearest_optimum(m, r, eps):
+    # Prepare: low-rank problems whose affine minimum is attained in the box (seed 301 of
+    # the benchmark's hard case among them)
+    seed = 301 if (m, r) == (100, 10) else 17 * m + r
+    W = _unit_rows(np.random.default_rng(seed).standard_normal((m, r)))
+    G = W @ W.T
+    H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
+    # Execute
+    x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
+    # Assert: feasible, and the gradient Hλ is the same on every coordinate (no bound
+    # multiplier is needed), so λ is optimal; its value is the affine minimum
+    assert ok
+    assert abs(x.sum() - 1.0) <= 1e-13 and np.all(x >= lo) and np.all(x <= hi)
+    g = H @ x
+    assert float(g.max() - g.min()) <= 1e-13
+    assert x @ H @ x == pytest.approx(_affine_minimum(H), rel=1e-9, abs=1e-13)
+    lam = _check_solution(G, eps, None)  # the whole solver, against cvxpy and Frank-Wolfe
+    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-13)
+    # among the optimal points it is the one nearest to the centre c (cvxpy: the
+    # projection of c onto the optimal set {feasible λ : Wᵀλ = Wᵀλ*}, G = WWᵀ, λ* the
+    # solver's certified answer; Wᵀλ* is the same for every optimal λ*)
+    lam_c = cp.Variable(m)
+    hi_c = np.where(np.isinf(hi), 1.0, hi)
+    prob = cp.Problem(cp.Minimize(cp.sum_squares(lam_c - c)),
+                      [W.T @ lam_c == W.T @ lam, cp.sum(lam_c) == 1, lam_c >= lo, lam_c <= hi_c])
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    assert np.linalg.norm(x - c) <= np.linalg.norm(lam_c.value - c) + 1e-9
+    np.testing.assert_allclose(x, lam_c.value, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed, r, rule", [(300, 10, "Farkas"), (3, 33, "free count"), (307, 10, "later")])
+def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, rule, monkeypatch):
+    # Prepare: tight boxes (ε = 0.5/m) whose optimum has fewer free coordinates than the
+    # rank plus one (seeds 300 and 307 of the hard case: 8 and 10 free; seed 3 at rank 33:
+    # 24), so no feasible λ attains the affine minimum; an LP confirms it
+    m = 100
+    G = _low_rank_gram(seed, m, r)
+    H, Hh, lo, hi, c, full = _affine_inputs(G, 0.005)
+    V = mgda_mod._low_rank_factor(Hh, full[0])
+    t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
+    ustar = t / (t @ t)
+    lp = linprog(np.zeros(m), A_eq=V.T, b_eq=ustar, bounds=np.column_stack((lo, hi)), method="highs")
+    assert lp.status == 2  # infeasible
+    # Execute: count the k × k Gram factorisations (one per iteration)
+    k = V.shape[1]
+    sizes = []
+    real = mgda_mod.lapack
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def dpotrf(self, *args, **kwargs):
+            sizes.append(args[0].shape)
+            return real.dpotrf(*args, **kwargs)
+
+    monkeypatch.setattr(mgda_mod, "lapack", Counting())
+    x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
+    monkeypatch.setattr(mgda_mod, "lapack", real)
+    # Assert: it reports failure, after its first iteration where the Farkas certificate
+    # or the free count (< 1.6k) settles it, and the solver still returns the exact answer
+    # through the other passes
+    assert not ok
+    free = int(np.count_nonzero(state == 0.0))
+    if rule == "later":
+        assert 1 < len(sizes) <= mgda_mod._AFF_MAX_ITER and free < k
+    else:
+        assert sizes == [(k, k)]
+        assert (free < 1.6 * k) == (rule == "free count")
+    _check_solution(G, 0.005, None)
+
+
+def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum(monkeypatch):
+    # on 60 random low-rank box problems: whenever the pass gives up after one iteration
+    # with at least 1.6k coordinates free (so the Farkas certificate fired), an LP finds
+    # no feasible λ with V̂ᵀλ = u*; whenever it succeeds, the LP finds one
+    real = mgda_mod.lapack
+    grams = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def dpotrf(self, *args, **kwargs):
+            grams.append(args[0].shape)
+            return real.dpotrf(*args, **kwargs)
+
+    rng = np.random.default_rng(5)
+    fired = succeeded = 0
+    for _ in range(60):
+        m = int(rng.integers(20, 80))
+        r = int(rng.integers(2, m // 3))
+        eps = float(rng.choice([0.5, 1.0, 2.0, 5.0])) / m
+        G = _low_rank_gram(int(rng.integers(1 << 30)), m, r)
+        H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
+        grams.clear()
+        monkeypatch.setattr(mgda_mod, "lapack", Counting())
+        x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
+        monkeypatch.setattr(mgda_mod, "lapack", real)
+        V = mgda_mod._low_rank_factor(Hh, full[0])
+        k = V.shape[1]
+        t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
+        lp = linprog(np.zeros(m), A_eq=V.T, b_eq=t / (t @ t),
+                     bounds=np.column_stack((lo, np.where(np.isinf(hi), 1.0, hi))), method="highs")
+        if ok:
+            succeeded += 1
+            assert lp.status == 0
+        elif grams == [(k, k)] and np.count_nonzero(state == 0.0) >= 1.6 * k:
+            fired += 1
+            assert lp.status == 2
+    assert fired >= 5 and succeeded >= 5
 
 
 # --------------------------------------------------------------------------- interior-point pass
@@ -784,16 +923,22 @@ def test_ipm_pass_on_tight_boxes(seed, monkeypatch):
     lam = _check_solution(G, eps, None)
     monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
     monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
+    monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
     old = min_norm_weights(G, eps)
     assert lam @ G @ lam == pytest.approx(old @ G @ old, rel=1e-9, abs=1e-15)
     assert x @ H @ x == pytest.approx(old @ H @ old, rel=1e-9, abs=1e-15)
 
 
-def test_ipm_pass_goes_first_only_under_a_box(monkeypatch):
-    # with an ε-box the interior-point pass runs first; without a box the proximal pass
-    # does (and the other one only if it fails); below m = _IPM_FIRST_M only the proximal
+def test_pass_order(monkeypatch):
+    # the affine-minimum pass runs first (here made to fail); then, with an ε-box, the
+    # interior-point pass; without a box the proximal pass (and the other one only if it
+    # fails); below m = _IPM_FIRST_M only the proximal pass
     calls = []
     real_ipm, real_prox = mgda_mod._ipm_face, mgda_mod._pdas_low_rank
+
+    def affine(H, Hh, lo, hi, c, full):
+        calls.append("affine")
+        return c, np.zeros(H.shape[0]), False
 
     def ipm(*args, **kwargs):
         calls.append("ipm")
@@ -803,32 +948,37 @@ def test_ipm_pass_goes_first_only_under_a_box(monkeypatch):
         calls.append("prox")
         return real_prox(*args, **kwargs)
 
+    monkeypatch.setattr(mgda_mod, "_affine_pass", affine)
     monkeypatch.setattr(mgda_mod, "_ipm_face", ipm)
     monkeypatch.setattr(mgda_mod, "_pdas_low_rank", prox)
     G = _low_rank_gram(301, 100, 10)
     min_norm_weights(G, 0.005)
-    assert calls[0] == "ipm"
+    assert calls[:2] == ["affine", "ipm"]
     calls.clear()
     min_norm_weights(G, None)
-    assert calls[0] == "prox"
+    assert calls[:2] == ["affine", "prox"]
     calls.clear()
     min_norm_weights(_low_rank_gram(5, 10, 3), 0.05)  # m = 10 < _IPM_FIRST_M
-    assert "ipm" not in calls
+    assert calls[:2] == ["affine", "prox"] and "ipm" not in calls
 
 
-@pytest.mark.parametrize("failing", ["ipm", "both"])
-def test_solver_is_exact_when_low_rank_passes_fail(failing, monkeypatch):
+@pytest.mark.parametrize("failing", ["affine", "ipm", "all"])
+@pytest.mark.parametrize("seed", [300, 301])  # 301: the affine minimum is in the box
+def test_solver_is_exact_when_low_rank_passes_fail(failing, seed, monkeypatch):
     # a pass that reports failure hands over to the next one and finally to the
     # active-set method; the answer stays exact
-    G = _low_rank_gram(300, 100, 10)
+    G = _low_rank_gram(seed, 100, 10)
     eps = 0.005
     want = min_norm_weights(G, eps)
 
     def fail(H, Hh, lo, hi, *rest):
         return np.full(H.shape[0], 1.0 / H.shape[0]), np.zeros(H.shape[0]), False
 
-    monkeypatch.setattr(mgda_mod, "_ipm_face", fail)
-    if failing == "both":
+    if failing in ("affine", "all"):
+        monkeypatch.setattr(mgda_mod, "_affine_pass", fail)
+    if failing in ("ipm", "all"):
+        monkeypatch.setattr(mgda_mod, "_ipm_face", fail)
+    if failing == "all":
         monkeypatch.setattr(mgda_mod, "_pdas_low_rank", lambda H, Hh, lo, hi, c: fail(H, Hh, lo, hi))
     got = _check_solution(G, eps, None)
     assert got @ G @ got == pytest.approx(want @ G @ want, rel=1e-9, abs=1e-15)
@@ -914,5 +1064,6 @@ def test_polish_never_makes_the_answer_infeasible(passes, monkeypatch):
     if passes == "off":  # force the active-set path, where the failure was
         monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
         monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
+        monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
     lam = _check_solution(G, eps, center)
     assert lam @ G @ lam <= 1e-12  # the origin is in the hull

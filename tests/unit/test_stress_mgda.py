@@ -29,9 +29,12 @@ def test_short_runs_certify_every_instance(family, start):
     out = _script().run(family, 15, start, cvxpy_every=5, quiet=True)
     assert out["failures"] == []
     assert out["cvxpy_comparisons"] == 3
-    if family == "ipm":  # tight boxes at m >= 20: the interior-point pass runs on each
-        assert out["interior_point_pass"]["ok"] >= 15
-    assert mgda_mod._ipm_face.__name__ == "_ipm_face"  # the counting wrapper is removed
+    passes = out["low_rank_passes"]
+    if family == "ipm":  # tight boxes, low rank, m >= 20: a low-rank pass settles each one
+        assert passes["affine"]["ok"] + passes["interior_point"]["ok"] >= 15
+        assert passes["affine"]["ok"] >= 1 and passes["interior_point"]["ok"] >= 1
+    for name in ("_affine_pass", "_ipm_face", "_pdas_low_rank"):  # the wrappers are removed
+        assert getattr(mgda_mod, name).__name__ == name
 
 
 def test_the_certificate_rejects_a_wrong_answer(monkeypatch):
