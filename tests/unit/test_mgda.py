@@ -777,18 +777,20 @@ def test_affine_pass_finds_the_nearest_optimum(m, r, eps):
     np.testing.assert_allclose(x, lam_c.value, atol=1e-7)
 
 
-@pytest.mark.parametrize("seed, r, rule", [(300, 10, "Farkas"), (3, 33, "free count"), (307, 10, "later")])
-def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, rule, monkeypatch):
-    # Prepare: tight boxes (ε = 0.5/m) whose optimum has fewer free coordinates than the
-    # rank plus one (seeds 300 and 307 of the hard case: 8 and 10 free; seed 3 at rank 33:
-    # 24), so no feasible λ attains the affine minimum; an LP confirms it
+@pytest.mark.parametrize("seed, r, eps, rule", [(300, 10, 0.005, "Farkas"), (300, 50, None, "free count"),
+                                                (307, 10, 0.005, "later")])
+def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, eps, rule, monkeypatch):
+    # Prepare: problems whose optimum has fewer free coordinates than the rank plus one
+    # (seeds 300 and 307 of the hard case, tight box ε = 0.5/m: 8 and 10 free), so no
+    # feasible λ attains the affine minimum; an LP confirms it
     m = 100
     G = _low_rank_gram(seed, m, r)
-    H, Hh, lo, hi, c, full = _affine_inputs(G, 0.005)
+    H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
     V = mgda_mod._low_rank_factor(Hh, full[0])
     t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
     ustar = t / (t @ t)
-    lp = linprog(np.zeros(m), A_eq=V.T, b_eq=ustar, bounds=np.column_stack((lo, hi)), method="highs")
+    lp = linprog(np.zeros(m), A_eq=V.T, b_eq=ustar, bounds=np.column_stack((lo, np.minimum(hi, 1.0))),
+                 method="highs")
     assert lp.status == 2  # infeasible
     # Execute: count the k × k Gram factorisations (one per iteration)
     k = V.shape[1]
@@ -806,17 +808,18 @@ def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, r
     monkeypatch.setattr(mgda_mod, "lapack", Counting())
     x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
     monkeypatch.setattr(mgda_mod, "lapack", real)
-    # Assert: it reports failure, after its first iteration where the Farkas certificate
-    # or the free count (< 1.6k) settles it, and the solver still returns the exact answer
-    # through the other passes
+    # Assert: it reports failure; after its first iteration when the Farkas certificate
+    # (checked before the sets change, so every coordinate is still free) or the free
+    # count (< 1.6k) settles it; and the solver still returns the exact answer through the
+    # other passes
     assert not ok
     free = int(np.count_nonzero(state == 0.0))
     if rule == "later":
         assert 1 < len(sizes) <= mgda_mod._AFF_MAX_ITER and free < k
     else:
         assert sizes == [(k, k)]
-        assert (free < 1.6 * k) == (rule == "free count")
-    _check_solution(G, 0.005, None)
+        assert free == (m if rule == "Farkas" else free) and (free < 1.6 * k) == (rule == "free count")
+    _check_solution(G, eps, None)
 
 
 def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum(monkeypatch):
