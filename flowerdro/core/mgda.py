@@ -527,26 +527,34 @@ def _affine_pass(
     if info != 0:
         return c, state, False
     ustar = t / float(t.dot(t))
-    seen: set[bytes] = set()
+    seen = {state.tobytes()}
     x = c
+    fi = VF = None
     for it in range(_AFF_MAX_ITER):
-        key = state.tobytes()
-        fi = (state == 0.0).nonzero()[0]
-        if key in seen or fi.size < k:
-            return x, state, False
-        seen.add(key)
-        x = np.where(state < 0.0, lo, hi)
-        x[fi] = c.take(fi)  # x = (λ_B, c_F)
-        VF = V.take(fi, 0)
+        if it == 0:  # every coordinate free
+            x = c.copy()
+            VF = V
+        else:
+            key = state.tobytes()
+            fi = (state == 0.0).nonzero()[0]
+            if key in seen or fi.size < k:
+                return x, state, False
+            seen.add(key)
+            x = np.where(state < 0.0, lo, hi)
+            x[fi] = c.take(fi)  # x = (λ_B, c_F)
+            VF = V.take(fi, 0)
         M = np.dot(VF.T, VF)
         L, info = lapack.dpotrf(M, lower=1, clean=0)
         if info != 0 or float(L.diagonal().min()) ** 2 <= _TOL_RANK * float(M.diagonal().max()):
             return x, state, False
         a, _info = lapack.dpotrs(L, ustar - np.dot(Vt, x), lower=1)
         va = np.dot(V, a)
-        if it == 0 and _separates(a, va, ustar, lo, hi):
-            return x, state, False
-        x[fi] += va.take(fi)
+        if it == 0:
+            if _separates(a, va, ustar, lo, hi):
+                return x, state, False
+            x += va
+        else:
+            x[fi] += va.take(fi)
         nu = x - c
         nu -= va
         new = np.where(state * nu > _TOL_MULT, 0.0, state)
@@ -626,6 +634,8 @@ def _ipm_face(
     ratio = np.empty(2 * m2)
     rs, rz = ratio[:m2], ratio[m2:]
     r2 = ratio.reshape(2, m2)
+    v2, dv2 = v.reshape(2, m2), dv.reshape(2, m2)
+    step = np.empty((2, 1))  # (α_p, α_d)
     minimum = np.minimum.reduce
     eye = np.zeros((k, k))
     eye.flat[:: k + 1] = 1.0
@@ -709,10 +719,10 @@ def _ipm_face(
         dz -= q  # dz = −z − q − (z/s)·ds
         np.divide(dv, v, out=ratio)
         tp, td = minimum(r2, axis=1)
-        ap = 0.995 if tp >= -1.0 else -0.995 / tp
-        ad = 0.995 if td >= -1.0 else -0.995 / td
-        s += ap * ds
-        z += ad * dz
+        step[0, 0] = 0.995 if tp >= -1.0 else -0.995 / tp
+        step[1, 0] = ad = 0.995 if td >= -1.0 else -0.995 / td
+        dv2 *= step
+        v2 += dv2  # s += α_p ds, z += α_d dz
         th += ad * dth
         g = dot(V, dot(Vt, sl) + ulo)
     return sl + lo, state, False
