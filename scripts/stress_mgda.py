@@ -20,7 +20,9 @@ Families (``--family``), each a function of the seed only:
 * ``mid``: m ∈ [30, 200], ranks 2 … m − 1, some duplicated; ε ∈ {None, 0.2/m, …, 0.3};
 * ``ipm``: m ∈ [20, 200], rank ≤ m/2, tight boxes ε ∈ {0.2, 0.5, 1, 2, 5, 20}/m,
   duplicated and opposite rows, random centres with zeros (the affine-minimum pass, then
-  the interior-point pass run first on these).
+  the interior-point pass run first on these);
+* ``big``: m ∈ [201, 600], rank < m/4, some duplicated; ε ∈ {None, 0.5/m, …, 5/m, 0.05}
+  (only the affine-minimum pass runs before the active-set method at these sizes).
 
 Run: ``python scripts/stress_mgda.py --family ipm --count 6000 --start 90000``; the exit
 status is 1 when any instance fails. Session 4 ran mixed 6000 from 70000, mid 2000 from
@@ -120,10 +122,25 @@ def instance_ipm(seed: int) -> Instance:
     return V @ V.T, eps, center
 
 
+def instance_big(seed: int) -> Instance:
+    """Low rank at m ∈ [201, 600], above the interior-point and proximal passes' range
+    (only the affine-minimum pass runs there before the active-set method)."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(201, 601))
+    r = int(rng.integers(1, m // 4))
+    V = _unit(rng.standard_normal((m, r)))
+    if rng.random() < 0.2:
+        V[m // 2 :] = V[: m - m // 2]
+    eps = [None, 0.5 / m, 1.0 / m, 2.0 / m, 5.0 / m, 0.05][int(rng.integers(0, 6))]
+    center = _centre(rng, m, True) if rng.random() < 0.4 else None
+    return V @ V.T, eps, center
+
+
 FAMILIES: dict[str, Callable[[int], Instance]] = {
     "mixed": instance_mixed,
     "mid": instance_mid,
     "ipm": instance_ipm,
+    "big": instance_big,
 }
 
 

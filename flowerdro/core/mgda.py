@@ -1115,10 +1115,11 @@ def _kkt_error(H: np.ndarray, x: np.ndarray, state: np.ndarray) -> float:
 def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> np.ndarray:
     """min xᵀHx over {lo ≤ x ≤ hi, Σx = 1} for a scaled PSD H (max H_ii = 1), c feasible.
 
-    :func:`_pdas` first, then (if it met singular faces without converging, m ≤ 200)
-    :func:`_affine_pass` (when _pdas left the pivoted factor of the whole Ĥ), then
-    :func:`_ipm_face` and :func:`_pdas_low_rank`, in this order under an ε-box, else the
-    other way round, until one converges (below m = ``_IPM_FIRST_M`` not the second);
+    :func:`_pdas` first; if it met singular faces without converging, then
+    :func:`_affine_pass` (when _pdas left the pivoted factor of the whole Ĥ) and, for
+    m ≤ 200, :func:`_ipm_face` and :func:`_pdas_low_rank`, in this order under an ε-box,
+    else the other way round, until one converges (below m = ``_IPM_FIRST_M`` not the
+    interior-point pass);
     when none gives a point that passes the KKT check,
     :func:`_active_set` from the vertex that minimises the linearisation at c (restarted
     with Bland's rule if it ever runs out of iterations), then :func:`_polish`. The answer
@@ -1127,6 +1128,11 @@ def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> n
     Hh = H + 1.0
     full: list = []  # the pivoted factor of Ĥ when _pdas computed one
     x, state, converged, singular = _pdas(H, Hh, lo, hi, c, full)
+    if singular and not converged and full:
+        # the affine-minimum pass first, at any m: it settles about half the low-rank
+        # inputs at k × k cost and mostly gives up after one iteration otherwise (placed
+        # after the interior-point pass, 400 tight-box stress instances took 12% longer)
+        x, state, converged = _affine_pass(H, Hh, lo, hi, c, full)
     if singular and not converged and H.shape[0] <= _REG_MAX_M:
         # low rank: the proximal pass is the cheaper one on the plain simplex and for small
         # m; under an ε-box its sets often oscillate (on random tight-box instances at
@@ -1139,14 +1145,8 @@ def _solve_qp(H: np.ndarray, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> n
             passes = (_ipm_face, _pdas_low_rank)
         else:
             passes = (_pdas_low_rank, _ipm_face)
-        if full:  # first: it settles about half the low-rank inputs at k × k cost, and
-            # mostly fails after one iteration otherwise (after the interior-point pass
-            # instead, 400 tight-box stress instances took 12% longer in all)
-            passes = (_affine_pass, *passes)
         for low_rank_pass in passes:
-            if low_rank_pass is _affine_pass:
-                x, state, converged = _affine_pass(H, Hh, lo, hi, c, full)
-            elif low_rank_pass is _ipm_face:
+            if low_rank_pass is _ipm_face:
                 x, state, converged = _ipm_face(H, Hh, lo, hi, full)
             else:
                 x, state, converged = _pdas_low_rank(H, Hh, lo, hi, c)

@@ -963,6 +963,9 @@ def test_pass_order(monkeypatch):
     calls.clear()
     min_norm_weights(_low_rank_gram(5, 10, 3), 0.05)  # m = 10 < _IPM_FIRST_M
     assert calls[:2] == ["affine", "prox"] and "ipm" not in calls
+    calls.clear()
+    min_norm_weights(_low_rank_gram(5, 250, 20), 0.5 / 250)  # m > 200: the affine pass only
+    assert calls == ["affine"]
 
 
 @pytest.mark.parametrize("failing", ["affine", "ipm", "all"])

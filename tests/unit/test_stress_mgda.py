@@ -22,7 +22,7 @@ def _script():
     return mod
 
 
-@pytest.mark.parametrize("family, start", [("ipm", 90000), ("mid", 80000), ("mixed", 70000)])
+@pytest.mark.parametrize("family, start", [("ipm", 90000), ("mid", 80000), ("mixed", 70000), ("big", 100000)])
 def test_short_runs_certify_every_instance(family, start):
     # 15 instances of each family: feasible, Frank-Wolfe certified, deterministic, and
     # (on seed start, a multiple of 5) no worse than cvxpy
@@ -33,6 +33,9 @@ def test_short_runs_certify_every_instance(family, start):
     if family == "ipm":  # tight boxes, low rank, m >= 20: a low-rank pass settles each one
         assert passes["affine"]["ok"] + passes["interior_point"]["ok"] >= 15
         assert passes["affine"]["ok"] >= 1 and passes["interior_point"]["ok"] >= 1
+    if family == "big":  # m > 200: only the affine-minimum pass runs
+        assert passes["affine"]["ok"] >= 1
+        assert passes["interior_point"] == passes["proximal"] == {"ok": 0, "fail": 0}
     for name in ("_affine_pass", "_ipm_face", "_pdas_low_rank"):  # the wrappers are removed
         assert getattr(mgda_mod, name).__name__ == name
 
