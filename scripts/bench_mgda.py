@@ -26,6 +26,7 @@ busy cores is 10-50x slower).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -66,6 +67,19 @@ def _paired_times(fns, repeats: int) -> tuple[list[float], list[float], list[obj
     return [statistics.median(w) for w in walls], [statistics.median(c) for c in cpus], outs
 
 
+def _phase_probe() -> float:
+    """Best of 5 × 20,000 additions of two 100-element arrays, in ns: a fixed workload whose
+    time shows how fast this (virtual) machine runs small numpy calls at the moment."""
+    x, y = np.ones(100), np.ones(100)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20_000):
+            x + y
+        best = min(best, (time.perf_counter() - t0) / 20_000)
+    return best * 1e9
+
+
 def _cvxpy_solve(G: np.ndarray, eps: float | None) -> np.ndarray:
     import cvxpy as cp
 
@@ -95,6 +109,7 @@ def _gram(kind: str, m: int, rng: np.random.Generator) -> np.ndarray:
 def bench_qp(quick: bool, before: str | None = None) -> None:
     print("== min_norm_weights vs cvxpy (CLARABEL), same G, interleaved runs, median times ==")
     print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    print(f"machine phase: {_phase_probe():.0f} ns per 100-element numpy add (lower: a faster phase of this VM)")
     old = load_module(before) if before else None
     header = (
         f"{'m':>5} {'case':<11} {'eps':>6} {'ours ms':>9} {'cvxpy ms':>9} {'speed-up':>9} "
