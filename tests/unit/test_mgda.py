@@ -966,6 +966,17 @@ def test_pass_order(monkeypatch):
     calls.clear()
     min_norm_weights(_low_rank_gram(5, 250, 20), 0.5 / 250)  # m > 200: the affine pass only
     assert calls == ["affine"]
+    # a box tight for the rank (Σ(hi − lo) ≤ 1 and rank ≥ 0.15 m): no affine attempt
+    calls.clear()
+    G3 = _low_rank_gram(3, 100, 33)
+    min_norm_weights(G3, 0.005)
+    assert calls[0] == "ipm" and "affine" not in calls
+    calls.clear()
+    min_norm_weights(G3, 0.006)  # Σ(hi − lo) = 1.2: it runs again
+    assert calls[0] == "affine"
+    calls.clear()
+    min_norm_weights(G3, None)
+    assert calls[0] == "affine"
 
 
 @pytest.mark.parametrize("failing", ["affine", "ipm", "all"])
