@@ -1215,17 +1215,18 @@ def min_norm_weights(
     Algorithm (on G scaled to max G_ii = 1): a primal-dual active-set pass (a few
     Cholesky solves of face systems; affinely dependent coordinates are parked inside the
     box) settles well-conditioned and duplicated problems. If it met singular faces and did
-    not converge (low-rank G, m ≤ 200), an affine-minimum pass looks for the feasible λ
-    nearest c that attains the minimum of λᵀGλ over the whole affine hull Σλ = 1 (with
-    G + 11ᵀ = V̂V̂ᵀ of rank k, a projection onto {V̂ᵀλ = u*} by active-set iterations on k × k
-    systems; a Farkas certificate stops it early when no such λ exists). Then two passes
-    guess the optimal face and solve it exactly: a Mehrotra predictor-corrector interior-point method on G = VVᵀ (pivoted
-    Cholesky factor V, Woodbury solves of size rank(G), about 5–8 iterations whatever the
-    face), whose Tapia indicators give the face, corrected coordinate by coordinate; and
-    the same primal-dual iteration on λᵀGλ + δ‖λ − c‖² (δ = 1e-9, positive definite
-    faces), the affinely dependent coordinates parked at the proximal solution. Under an
-    ε-box the interior-point pass comes next, otherwise the proximal one; below m = 20
-    the interior-point pass does not run. If
+    not converge (low-rank G), an affine-minimum pass looks for the feasible λ nearest c
+    that attains the minimum of λᵀGλ over the whole affine hull Σλ = 1 (with
+    G + 11ᵀ = V̂V̂ᵀ of rank k, a projection onto {V̂ᵀλ = u*} by active-set iterations on
+    k × k systems; a Farkas certificate stops it early when no such λ exists; skipped
+    under a box too tight for the rank). Then, for m ≤ 200, two passes guess the optimal
+    face and solve it exactly: a Mehrotra predictor-corrector interior-point method on
+    G = VVᵀ (pivoted Cholesky factor V, Woodbury solves of size rank(G), about 5–8
+    iterations whatever the face), whose Tapia indicators give the face, corrected
+    coordinate by coordinate; and the same primal-dual iteration on λᵀGλ + δ‖λ − c‖²
+    (δ = 1e-9, positive definite faces), the affinely dependent coordinates parked at the
+    proximal solution. Under an ε-box the interior-point pass comes next, otherwise the
+    proximal one; below m = 20 the interior-point pass does not run. If
     none converges, or an answer fails the KKT check, an inertia-controlling primal
     active-set method starts
     from the vertex that minimises the linearisation at c: it keeps the free set affinely
