@@ -26,7 +26,8 @@ Families (``--family``), each a function of the seed only:
 
 Run: ``python scripts/stress_mgda.py --family ipm --count 6000 --start 90000``; the exit
 status is 1 when any instance fails. Session 4 ran mixed 6000 from 70000, mid 2000 from
-80000 and ipm 6000 from 90000 (docs/results.md).
+80000 and ipm 6000 from 90000; session 5 the same and big 2000 from 100000
+(docs/results.md).
 """
 
 from __future__ import annotations
