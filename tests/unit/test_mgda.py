@@ -8,6 +8,7 @@ f(λ) − f* ≤ ∇f(λ)ᵀλ − min_{y∈P} ∇f(λ)ᵀy.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import cvxpy as cp
@@ -722,6 +723,28 @@ def test_low_rank_pass_with_ties_and_box_limits(eps, centered):
     _check_solution(_low_rank_gram(5, 30, 3), eps, center)
 
 
+@contextlib.contextmanager
+def _dpotrf_shapes():
+    """Record the shape of every dpotrf call the solver makes (the low-rank passes make
+    one per iteration, of their k × k system)."""
+    real = mgda_mod.lapack
+    shapes: list[tuple[int, ...]] = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def dpotrf(self, *args, **kwargs):
+            shapes.append(args[0].shape)
+            return real.dpotrf(*args, **kwargs)
+
+    mgda_mod.lapack = Counting()
+    try:
+        yield shapes
+    finally:
+        mgda_mod.lapack = real
+
+
 # --------------------------------------------------------------------------- affine-minimum pass
 def _affine_inputs(G: np.ndarray, eps: float | None):
     """The scaled problem and the pivoted factor of Ĥ that _pdas leaves for the pass."""
@@ -779,7 +802,7 @@ def test_affine_pass_finds_the_nearest_optimum(m, r, eps):
 
 @pytest.mark.parametrize("seed, r, eps, rule", [(300, 10, 0.005, "Farkas"), (300, 50, None, "free count"),
                                                 (307, 10, 0.005, "later")])
-def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, eps, rule, monkeypatch):
+def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, eps, rule):
     # Prepare: problems whose optimum has fewer free coordinates than the rank plus one
     # (seeds 300 and 307 of the hard case, tight box ε = 0.5/m: 8 and 10 free), so no
     # feasible λ attains the affine minimum; an LP confirms it
@@ -794,20 +817,8 @@ def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, e
     assert lp.status == 2  # infeasible
     # Execute: count the k × k Gram factorisations (one per iteration)
     k = V.shape[1]
-    sizes = []
-    real = mgda_mod.lapack
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def dpotrf(self, *args, **kwargs):
-            sizes.append(args[0].shape)
-            return real.dpotrf(*args, **kwargs)
-
-    monkeypatch.setattr(mgda_mod, "lapack", Counting())
-    x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
-    monkeypatch.setattr(mgda_mod, "lapack", real)
+    with _dpotrf_shapes() as sizes:
+        x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
     # Assert: it reports failure; after its first iteration when the Farkas certificate
     # (checked before the sets change, so every coordinate is still free) or the free
     # count (< 1.6k) settles it; and the solver still returns the exact answer through the
@@ -822,21 +833,10 @@ def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, e
     _check_solution(G, eps, None)
 
 
-def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum(monkeypatch):
+def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum():
     # on 60 random low-rank box problems: whenever the pass gives up after one iteration
     # with at least 1.6k coordinates free (so the Farkas certificate fired), an LP finds
     # no feasible λ with V̂ᵀλ = u*; whenever it succeeds, the LP finds one
-    real = mgda_mod.lapack
-    grams = []
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def dpotrf(self, *args, **kwargs):
-            grams.append(args[0].shape)
-            return real.dpotrf(*args, **kwargs)
-
     rng = np.random.default_rng(5)
     fired = succeeded = 0
     for _ in range(60):
@@ -845,10 +845,8 @@ def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum(monkey
         eps = float(rng.choice([0.5, 1.0, 2.0, 5.0])) / m
         G = _low_rank_gram(int(rng.integers(1 << 30)), m, r)
         H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
-        grams.clear()
-        monkeypatch.setattr(mgda_mod, "lapack", Counting())
-        x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
-        monkeypatch.setattr(mgda_mod, "lapack", real)
+        with _dpotrf_shapes() as grams:
+            x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
         V = mgda_mod._low_rank_factor(Hh, full[0])
         k = V.shape[1]
         t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
@@ -903,20 +901,8 @@ def test_ipm_pass_on_tight_boxes(seed, monkeypatch):
     G = _low_rank_gram(seed, m, 10)
     eps = 0.5 / m
     H, Hh, lo, hi, c = _scaled_problem(G, eps)
-    potrf = []
-    real = mgda_mod.lapack
-
-    class Counting:  # counts the interior-point iterations (one k × k Cholesky each)
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def dpotrf(self, *args, **kwargs):
-            potrf.append(args[0].shape)
-            return real.dpotrf(*args, **kwargs)
-
-    monkeypatch.setattr(mgda_mod, "lapack", Counting())
-    x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
-    monkeypatch.setattr(mgda_mod, "lapack", real)
+    with _dpotrf_shapes() as potrf:  # the interior-point iterations, one k × k Cholesky each
+        x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
     assert ok
     iterations = sum(1 for shape in potrf if shape == (11, 11))  # Ĥ has rank 10 + 1
     assert 3 <= iterations <= 12
