@@ -72,9 +72,10 @@ _IPM_MAX_TRIES = 4  # ... and exact-face guesses before it gives way to the acti
 _IPM_MAX_REPAIR = 3  # single-coordinate corrections of one guessed face
 _IPM_Z0 = 0.1  # initial multipliers, times the gradient spread (0.1-0.3 took ~12% fewer
 # Cholesky factorisations than 1 on 40 random tight-box low-rank instances)
-_AFF_MAX_ITER = 8  # affine-minimum pass: iterations; skipped (see _solve_qp) when the ...
-_AFF_SKIP_BOX = 0.5  # ... box's half total width Σ(hi − lo)/2 is at most this and ...
-_AFF_SKIP_RANK = 0.15  # ... the rank of Ĥ is at least this fraction of m (and m ≥ 20)
+_AFF_MAX_ITER = 8  # affine-minimum pass: iterations; ...
+_AFF_MIN_FREE = 1.6  # ... it gives up when its first step leaves fewer than this·k free
+_AFF_SKIP_BOX = 0.5  # skipped (see _solve_qp) when the box's half width Σ(hi − lo)/2 is ...
+_AFF_SKIP_RANK = 0.15  # ... at most this and the rank of Ĥ at least this·m (and m ≥ 20)
 _IPM_FIRST_M = 20  # from this m on the interior-point pass runs (first under an ε-box)
 
 
@@ -508,14 +509,14 @@ def _affine_pass(
     minimum is out of reach: when the first multiplier a separates u* from the image of
     the box-simplex (aᵀu* > max (V̂a)ᵀλ over it, a Farkas certificate, :func:`_separates`;
     on 3,000 stress instances of three families it settled 1,059 of the 1,284 failures
-    there), when the first step leaves fewer than 1.6k coordinates free (125 more; no
-    success had fewer than 1.5k), when the free rows cannot span (fewer than k, or a
+    there), when the first step leaves fewer than ``_AFF_MIN_FREE``·k coordinates free
+    (125 more; no success had fewer than 1.5k), when the free rows cannot span (fewer than k, or a
     singular Gram matrix: the optimum then lies on a smaller face), on a repeated set and
     after ``_AFF_MAX_ITER`` iterations. Its answer stands if the gradient is flat on the
     face to ``_TOL_MULT`` (on 328 stress instances the largest spread was 2e-15);
     otherwise, as the normal equations square the conditioning, the face is solved again
-    exactly by :func:`_face_solution`. Returns (λ, state, ok); the caller's KKT check certifies the
-    answer.
+    exactly by :func:`_face_solution`. Returns (λ, state, ok); the caller's KKT check
+    certifies the answer.
     """
     m = H.shape[0]
     cf, piv, k = full[0]
@@ -562,7 +563,7 @@ def _affine_pass(
         new = np.where(state * nu > _TOL_MULT, 0.0, state)
         new[x < lo] = -1.0
         new[x > hi] = 1.0
-        if it == 0 and np.count_nonzero(new == 0.0) < 1.6 * k:
+        if it == 0 and np.count_nonzero(new == 0.0) < _AFF_MIN_FREE * k:
             return x, new, False
         if not np.count_nonzero(new != state):
             break
