@@ -397,8 +397,8 @@ def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:
     from flwr.app import ConfigRecord
 
     from flowerdro.apps.client_app import app as client_app
-    from flowerdro.apps.server_app import client_config, initial_arrays
     from flowerdro.experiments import InProcessGrid
+    from flowerdro.runs import client_config, initial_arrays
     from flowerdro.strategies import build_strategy
 
     base = dict(cfg.get("run-config", {}))

@@ -29,45 +29,23 @@ the same clients. Clients run in this process through :class:`InProcessGrid`.
 
 from __future__ import annotations
 
-import gc
-import json
-import time
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord
-from flwr.common import log
-
 from flowerdro.experiments.inprocess import Fault, InProcessGrid
-from flowerdro.experiments.report import comparison_table, final_summary
+from flowerdro.runs.driver import Comparison, Plan, run_plans
 
-TOP_LEVEL_KEYS = {"name", "num-rounds", "seeds", "num-partitions", "strategies", "round-timeout",
-                  "run-config", "strategy", "output-root", "last-rounds", "description"}
+#: What ``run`` returns (kept under this name for callers of the runner).
+RunResult = Comparison
 
-
-@dataclass
-class RunResult:
-    """Everything a comparison produced.
-
-    ``histories[label][k]`` is the list of round records of seed ``seeds[k]``;
-    ``final_arrays[label][k]`` the model that run returned; ``summaries`` the final numbers.
-    """
-
-    name: str
-    seeds: list[int]
-    histories: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
-    final_arrays: dict[str, list[ArrayRecord]] = field(default_factory=dict)
-    summaries: dict[str, list[dict[str, float]]] = field(default_factory=dict)
-    strategies: dict[str, list[Any]] = field(default_factory=dict)
-    output_dir: Path | None = None
-    table: str = ""
+TOP_LEVEL_KEYS = ("name", "num-rounds", "seeds", "num-partitions", "strategies", "round-timeout",
+                  "run-config", "strategy", "output-root", "last-rounds", "description")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read an experiment TOML file."""
+    """Read an experiment TOML file (its name defaults to the file's stem)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config: no experiment file at {p}")
@@ -77,19 +55,57 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return cfg
 
 
+def _names(config: Mapping[str, Any], key: str) -> list[Any]:
+    """A list-valued key: a TOML list, or (strategies only) one comma-separated string."""
+    value = config.get(key)
+    if isinstance(value, str) and key == "strategies":
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not value:
+        example = '["fedavg", "drfa"]' if key == "strategies" else "[0, 1, 2]"
+        raise ValueError(f"{key}: expected a non-empty list, e.g. {key} = {example}, got {value!r}")
+    return value
+
+
 def _validate(config: Mapping[str, Any]) -> None:
-    unknown = set(config) - TOP_LEVEL_KEYS
-    if unknown:
-        raise ValueError(
-            f"config: unknown top-level keys {sorted(unknown)}; allowed: {sorted(TOP_LEVEL_KEYS)} "
-            "(client/strategy settings belong in [run-config] or [strategy.<label>])"
-        )
-    if int(config.get("num-rounds", 10)) < 1:
-        raise ValueError(f"num-rounds: must be >= 1, got {config.get('num-rounds')}")
-    if int(config.get("num-partitions", 10)) < 1:
-        raise ValueError(f"num-partitions: must be >= 1, got {config.get('num-partitions')}")
-    if not config.get("strategies"):
-        raise ValueError("strategies: list at least one strategy name or [strategy.<label>] label")
+    from flowerdro.settings import check_known_keys
+
+    check_known_keys(config, TOP_LEVEL_KEYS, where="experiment file (top level; client and strategy settings "
+                                                   "belong in [run-config] or [strategy.<label>])")
+    for key, low in (("num-rounds", 1), ("num-partitions", 1), ("last-rounds", 1)):
+        if key in config and (isinstance(config[key], bool) or not isinstance(config[key], int)
+                              or config[key] < low):
+            raise ValueError(f"{key}: must be an integer >= {low}, got {config[key]!r}")
+    timeout = config.get("round-timeout", 600.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"round-timeout: must be a number of seconds > 0, got {timeout!r}")
+    _names(config, "strategies")
+    if "seeds" in config:
+        seeds = _names(config, "seeds")
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+            raise ValueError(f"seeds: expected a list of integers, got {seeds!r}")
+    labels = {str(s) for s in _names(config, "strategies")}
+    extra = set(config.get("strategy", {})) - labels
+    if extra:
+        raise ValueError(f"strategy: tables [strategy.{sorted(extra)[0]}] name labels that are not in "
+                         f"strategies ({', '.join(sorted(labels))})")
+
+
+def plans_of(config: Mapping[str, Any], out_dir: Path | None) -> list[Plan]:
+    """One :class:`Plan` per (strategy label, seed) of an experiment config."""
+    _validate(config)
+    seeds = [int(s) for s in config.get("seeds", [0])]
+    num_partitions = int(config.get("num-partitions", 10))
+    overrides: Mapping[str, Mapping[str, Any]] = config.get("strategy", {})
+    base_rc = dict(config.get("run-config", {}))
+    plans = []
+    for label in (str(s) for s in _names(config, "strategies")):
+        own = dict(overrides.get(label, {}))
+        algo = str(own.pop("strategy", label))
+        for seed in seeds:
+            rc = {"data-seed": int(base_rc.get("data-seed", 0)), **base_rc, **own, "seed": seed,
+                  "num-partitions": num_partitions}
+            plans.append(Plan(label, algo, seed, rc, out_dir / label / f"seed{seed}" if out_dir else None))
+    return plans
 
 
 def run(
@@ -98,78 +114,24 @@ def run(
     output_root: str | Path | None = "results",
     faults: Mapping[int, Fault] | None = None,
     verbose: bool = True,
-) -> RunResult:
+) -> Comparison:
     """Run every (strategy, seed) of ``config`` in-process and compare them.
 
-    Returns a :class:`RunResult`; with ``output_root`` set, writes
-    ``<root>/<name>/<label>/seed<k>/{rounds.jsonl, final_model.npz, progress.png}``,
-    ``<root>/<name>/summary.json``, ``table.md`` and ``comparison.png``.
+    Returns a :class:`~flowerdro.runs.Comparison`; with ``output_root`` set, writes
+    ``<root>/<name>/<label>/seed<k>/{rounds.jsonl, final_model.npz, progress.png}`` and
+    ``<root>/<name>/{summary.json, table.md, comparison.png}``.
     """
     from flowerdro.apps.client_app import app as client_app
-    from flowerdro.apps.server_app import client_config, initial_arrays
-    from flowerdro.strategies import build_strategy
 
-    _validate(config)
     name = str(config.get("name", "experiment"))
-    seeds = [int(s) for s in config.get("seeds", [0])]
-    num_rounds = int(config.get("num-rounds", 10))
-    num_partitions = int(config.get("num-partitions", 10))
-    timeout = float(config.get("round-timeout", 600.0))
-    last = int(config.get("last-rounds", 1))
-    labels = [str(s) for s in config["strategies"]]
-    overrides: Mapping[str, Mapping[str, Any]] = config.get("strategy", {})
-    base_rc = dict(config.get("run-config", {}))
     root = config.get("output-root", output_root)
     out_dir = Path(root) / name if root else None
+    plans = plans_of(config, out_dir)
+    num_partitions = int(config.get("num-partitions", 10))
 
-    result = RunResult(name=name, seeds=seeds, output_dir=out_dir)
-    # Build every strategy up front so a bad setting fails before any training.
-    plans = []
-    for label in labels:
-        rc = {**base_rc, **{k: v for k, v in overrides.get(label, {}).items() if k != "strategy"}}
-        algo = str(overrides.get(label, {}).get("strategy", label))
-        for seed in seeds:
-            run_rc = {"data-seed": int(base_rc.get("data-seed", 0)), **rc, "seed": seed,
-                      "num-partitions": num_partitions}
-            sdir = str(out_dir / label / f"seed{seed}") if out_dir else None
-            strategy = build_strategy(algo, run_rc, output_dir=sdir, run_name=label)
-            plans.append((label, seed, run_rc, strategy))
+    def grid_for(plan: Plan) -> InProcessGrid:
+        return InProcessGrid(client_app, num_partitions, plan.run_config, faults=dict(faults or {}))
 
-    t0 = time.time()
-    for label, seed, run_rc, strategy in plans:
-        grid = InProcessGrid(client_app, num_partitions, run_rc, faults=dict(faults or {}))
-        init = initial_arrays(grid, run_rc, timeout)
-        # Libraries and data sets are loaded now and live for the whole run. Flower forces
-        # gc.collect() in ArrayRecord.to_numpy_ndarrays(keep_input=False) (q-FedAvg calls it
-        # per reply); without freezing, each collection walks this large heap (~0.2 s).
-        gc.collect()  # free what earlier runs left, then freeze only what is live
-        gc.freeze()
-        if verbose:
-            log(20, "=== %s / %s (seed %d) ===", name, label, seed)
-        res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
-                             train_config=client_config(run_rc), evaluate_config=ConfigRecord())
-        result.histories.setdefault(label, []).append(strategy.history)
-        result.final_arrays.setdefault(label, []).append(res.arrays)
-        result.summaries.setdefault(label, []).append(final_summary(strategy.history, last=last))
-        result.strategies.setdefault(label, []).append(strategy)
-    result.table = comparison_table(result.summaries)
-    if verbose:
-        print(f"\n{name}: {len(labels)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
-              f"{time.time() - t0:.1f} s\n{result.table}\n", flush=True)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "summary.json").write_text(json.dumps(
-            {"config": _jsonable(config), "summaries": result.summaries}, indent=2))
-        (out_dir / "table.md").write_text(result.table + "\n")
-        from flowerdro.experiments.plots import plot_history
-
-        plot_history(result.histories, out_dir / "comparison.png", title=name)
-    return result
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj
+    return run_plans(plans, grid_for, name=name, num_rounds=int(config.get("num-rounds", 10)),
+                     timeout=float(config.get("round-timeout", 600.0)), out_dir=out_dir,
+                     last_rounds=int(config.get("last-rounds", 1)), config=config, verbose=verbose)

@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowerdro.clients.config import Settings
-from flowerdro.strategies.base import FairStrategy
+from flowerdro.settings import read_settings
+from flowerdro.strategies.base import FairStrategy, LoopSettings
+from flowerdro.strategies.output import RunWriter
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
 _REGISTRY: dict[str, Factory] = {}
@@ -34,19 +36,14 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def common_kwargs(s: Settings, output_dir: str | None, run_name: str) -> dict[str, Any]:
-    """Base-loop settings shared by every strategy (sampling fraction, seed, outputs)."""
-    return {
-        "fraction_train": s.float("fraction-train", 1.0, positive=True, maximum=1.0),
-        "min_train_nodes": s.int("min-train-nodes", 1, minimum=1),
-        "fraction_evaluate": s.float("fraction-evaluate", 1.0, minimum=0.0, maximum=1.0),
-        "evaluate_every": s.int("evaluate-every", 1, minimum=1),
-        "min_available_nodes": s.int("min-available-nodes", 1, minimum=1),
-        "seed": s.int("seed", 0),
-        "checkpoint_every": s.int("checkpoint-every", 0, minimum=0),
-        "output_dir": output_dir,
-        "run_name": run_name,
-    }
+def common_kwargs(s: Settings, run_config: Mapping[str, Any], run_name: str) -> dict[str, Any]:
+    """The round loop's settings (sampling fractions, seed, …) and the run's label."""
+    loop = read_settings(LoopSettings, run_config)
+    if loop.eval_metric is None and _is_regression(run_config):
+        from dataclasses import replace
+
+        loop = replace(loop, eval_metric=loop.loss_metric)
+    return {"loop": loop, "run_name": run_name}
 
 
 def build_strategy(
@@ -57,10 +54,9 @@ def build_strategy(
     if name not in _REGISTRY:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
     s = Settings(run_config)
-    strategy = _REGISTRY[name](s, common_kwargs(s, output_dir, run_name or name))
-    # Which per-client metric the evaluation phase must return: accuracy for
-    # classification, loss for regression data sets (every strategy, not only SCAFF-PD).
-    strategy.eval_metric = _eval_metric(s)
+    strategy = _REGISTRY[name](s, common_kwargs(s, run_config, run_name or name))
+    if output_dir is not None:
+        strategy.add_observer(RunWriter(output_dir))
     return strategy
 
 
@@ -115,14 +111,16 @@ def _every_device(kw: dict[str, Any], name: str) -> dict[str, Any]:
     strategies is overridden here (with a warning) instead of failing the whole run;
     constructing ``DRDSGD`` directly with a fraction below 1 is still an error.
     """
-    if kw.get("fraction_train", 1.0) != 1.0:
+    from dataclasses import replace
+
+    loop = kw["loop"]
+    if loop.fraction_train != 1.0:
         from logging import WARNING
 
         from flwr.common import log
 
-        log(WARNING, "%s: fraction-train=%s ignored; every device steps every iteration", name,
-            kw["fraction_train"])
-    return {**kw, "fraction_train": 1.0}
+        log(WARNING, "%s: fraction-train=%s ignored; every device steps every iteration", name, loop.fraction_train)
+    return {**kw, "loop": replace(loop, fraction_train=1.0)}
 
 
 @register("drdsgd")
@@ -224,13 +222,12 @@ def _afl_full(s: Settings, kw: dict[str, Any]) -> FairStrategy:
 
 
 # ---------------------------------------------------------------- SCAFF-PD / SCAFFOLD
-def _eval_metric(s: Settings) -> str:
-    """``eval-metric``; default ``test_loss`` on a regression data set, else ``test_acc``."""
+def _is_regression(run_config: Mapping[str, Any]) -> bool:
+    """Whether the run's data set has real-valued targets (its clients report a test loss only)."""
     from flowerdro.data.config import REGRESSION_DATASETS
 
-    dataset = s.str("dataset", "synthetic").strip().lower().replace("-", "_")
-    return s.str("eval-metric", "test_loss" if dataset in REGRESSION_DATASETS else "test_acc",
-                 choices=("test_acc", "test_loss"))
+    dataset = str(run_config.get("dataset") or "synthetic").strip().lower().replace("-", "_")
+    return dataset in REGRESSION_DATASETS
 
 
 @register("scaffpd")
@@ -262,7 +259,6 @@ def _scaffpd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
         num_partitions=s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
         **kw,
     )
-    strategy.eval_metric = _eval_metric(s)
     return strategy
 
 
@@ -277,7 +273,6 @@ def _scaffold(s: Settings, kw: dict[str, Any]) -> FairStrategy:
         batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
         **kw,
     )
-    strategy.eval_metric = _eval_metric(s)
     return strategy
 
 

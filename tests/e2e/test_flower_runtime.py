@@ -37,9 +37,9 @@ def test_flwr_run_simulation_completes_and_reports_fairness(tmp_path):
     proc = _flwr_run(tmp_path, f"num-rounds=2 strategies='{','.join(sorted(names))}' output-dir='{out}'")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "status: finished:completed" in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["summaries"]
     assert set(summary) == names
-    for s in summary.values():
+    for (s,) in summary.values():  # one seed per strategy
         assert 0.0 <= s["acc_worst"] <= s["acc_mean"] <= s["acc_best20"] <= 1.0
     for name in names:
         rounds = [json.loads(x) for x in (out / name / "rounds.jsonl").read_text().splitlines()]

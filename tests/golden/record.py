@@ -75,11 +75,26 @@ def main() -> int:
     gold_mod = np.load(MODELS)
     same = True
     for label in CONFIG["strategies"]:
-        rec_same = json.dumps(records[label], sort_keys=True) == json.dumps(gold_rec[label], sort_keys=True)
+        changed, added, removed = compare_records(records[label], gold_rec[label])
         diff = float(np.max(np.abs(models[label] - gold_mod[label])))
-        print(f"{label:12s} records {'identical' if rec_same else 'DIFFER'}  model max|diff| {diff:.3g}")
-        same &= rec_same and diff == 0.0
+        note = "identical" if not changed else f"DIFFER in {', '.join(changed)}"
+        extra = (f"; new keys {', '.join(added)}" if added else "") + (f"; lost keys {', '.join(removed)}"
+                                                                        if removed else "")
+        print(f"{label:12s} records {note}{extra}  model max|diff| {diff:.3g}")
+        same &= not changed and not removed and diff == 0.0
     return 0 if same else 1
+
+
+def compare_records(new: list[dict], gold: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """Keys whose values differ in a round both hold, keys only ``new`` has, keys only ``gold`` has."""
+    changed, added, removed = set(), set(), set()
+    if len(new) != len(gold):
+        changed.add("number of rounds")
+    for a, b in zip(new, gold, strict=False):
+        added |= set(a) - set(b)
+        removed |= set(b) - set(a)
+        changed |= {k for k in set(a) & set(b) if json.dumps(a[k], sort_keys=True) != json.dumps(b[k], sort_keys=True)}
+    return sorted(changed), sorted(added), sorted(removed)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ import pytest
 from flwr.app import ArrayRecord, Message
 
 from flowerdro.apps.client_app import app as client_app
-from flowerdro.apps.server_app import client_config, initial_arrays
 from flowerdro.experiments import InProcessGrid
+from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 
 

@@ -9,8 +9,8 @@ import pytest
 from flwr.app import ArrayRecord
 
 from flowerdro.apps.client_app import app as client_app
-from flowerdro.apps.server_app import client_config, initial_arrays
 from flowerdro.experiments import Fault, InProcessGrid, run
+from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 
 

@@ -7,9 +7,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerdro.apps.client_app import app as client_app
-from flowerdro.apps.server_app import client_config, initial_arrays
 from flowerdro.clients.robust import STATE_AFFINE
 from flowerdro.experiments import InProcessGrid
+from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.fedrobust import QUERY_AFFINE_STATE, TRAIN_FEDROBUST, FedRobust
 
@@ -72,8 +72,7 @@ def test_shift_read_back_counts_a_failing_node_and_keeps_the_others(synth_rc, tm
 
     rc = {**synth_rc, **ROBUST}
     grid = InProcessGrid(client_app, 3, rc, faults={1: Fault("raise", message_types=("query.affine_state",))})
-    strategy = build_strategy("fedrobust", rc)
-    strategy.output_dir = tmp_path
+    strategy = build_strategy("fedrobust", rc, output_dir=str(tmp_path))
     strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=2, timeout=60, train_config=client_config(rc))
     assert sorted(strategy.affine_state) == ["0", "2"]
     assert all(v["affine-rounds"] == 2.0 for v in strategy.affine_state.values())

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from flowerdro.apps.client_app import app as client_app
-from flowerdro.apps.server_app import client_config, initial_arrays
 from flowerdro.core.simplex import project_simplex
 from flowerdro.data import DataConfig, load_federated
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.experiments.references import chi2_dro_regression_saddle_point
+from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 
 cp = pytest.importorskip("cvxpy")

@@ -13,11 +13,11 @@ from flwr.serverapp import Grid
 from torch.nn import functional as F
 
 from flowerdro.apps.client_app import app as client_app
-from flowerdro.apps.server_app import client_config, initial_arrays
 from flowerdro.clients.drdsgd import drdsgd_generator, drdsgd_local_step
 from flowerdro.clients.training import LocalData, minibatches
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.experiments.inprocess import ensure_task_identity
+from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.drdsgd import DRDSGD
 

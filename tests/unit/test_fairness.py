@@ -41,7 +41,7 @@ def test_bad_fraction():
 
 
 def test_moving_average_by_hand():
-    from flowerdro.experiments.plots import _moving_average
+    from flowerdro.plots import _moving_average
 
     np.testing.assert_allclose(_moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0])
     np.testing.assert_array_equal(_moving_average(np.array([1.0, 2.0]), 1), [1.0, 2.0])

@@ -186,7 +186,7 @@ def test_global_rate_decays_every_100_rounds():
 
 @pytest.mark.parametrize("kwargs,name", [
     ({"eps": -0.1}, "eps"), ({"eps": 1.5}, "eps"), ({"eps": float("nan")}, "eps"),
-    ({"fraction_train": 0.0}, "fraction_train"), ({"fraction_train": 1.2}, "fraction_train"),
+    ({"fraction_train": 0.0}, "fraction-train"), ({"fraction_train": 1.2}, "fraction-train"),
     ({"lr_decay": 0.0}, "lr_decay"), ({"lr_decay": 1.1}, "lr_decay"),
     ({"global_lr": 0.0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
     ({"lambda_init": "random"}, "lambda_init"), ({"proximal_mu": -1.0}, "proximal_mu"),

@@ -13,7 +13,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 
 from flowerdro.core.mgda import min_norm_weights
 from flowerdro.experiments.inprocess import LocalGrid, ensure_task_identity
-from flowerdro.strategies.base import FairStrategy, array_view, record_bytes
+from flowerdro.strategies.arrays import array_view, record_bytes
+from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.fedmgda import (
     GRAM_BLOCK,
     FedMGDA,
@@ -209,7 +210,7 @@ def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
                 [(6, "nan-metric")]]
     grid = PullScriptGrid(8, schedule, unpushable=[8])
     s = FairStrategy()
-    s.timeout, s.pull_interval = 0.4, 0.01
+    s.comm.timeout, s.comm.pull_interval = 0.4, 0.01
     batches: list[list[int]] = []
     # Execute
     t0 = time.monotonic()
@@ -226,9 +227,9 @@ def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
     assert all(f.phase == "train" for f in s.failures)
     assert 0.4 <= waited < 3.0  # waited for node 7 until the round timeout, not longer
     # as in communicate: every message counts as sent, every reply that is not an error as received
-    assert s._bytes[0] == 8 * record_bytes(_messages(grid)[0].content)
+    assert s.comm.bytes_sent == 8 * record_bytes(_messages(grid)[0].content)
     received = [_arrays(1.0), _arrays(3.0), _arrays(np.nan), _arrays(1.0, 4), _arrays(6.0)]
-    assert s._bytes[1] == sum(record_bytes(RecordDict({"a": a})) for a in received)
+    assert s.comm.bytes_received == sum(record_bytes(RecordDict({"a": a})) for a in received)
 
 
 def test_communicate_stream_stops_pulling_when_everyone_answered():

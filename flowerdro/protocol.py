@@ -1,0 +1,63 @@
+"""The contract between flowerdro's server and its clients: names and client-side settings.
+
+Both sides import this module (it needs neither torch nor flwr): the metric keys every
+reply carries, and the settings of the clients' local work. The server reads
+:class:`TrainingSettings` and :class:`NodeSettings` from the run config and validates them
+before its first message, so a bad ``lr`` or ``malicious-ids`` fails the run at once
+instead of turning every client reply into an error; it sends the training settings in
+every training message. See docs/protocol.md for every message type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowerdro.settings import Settings, setting
+
+#: Metric keys of every reply.
+NUM_EXAMPLES, PARTITION_ID = "num-examples", "partition-id"
+
+#: Model names the clients can build (``flowerdro.models``; a test keeps the two in line).
+MODEL_NAMES: tuple[str, ...] = (
+    "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "linear", "logreg", "mlp",
+)
+
+#: Where the received model's loss ``train_loss`` is measured before local training.
+TRAIN_LOSS_ON: tuple[str, ...] = ("full", "batch")
+
+#: Attacks of malicious clients (robustness experiments).
+ATTACKS: tuple[str, ...] = ("none", "bias", "scale")
+
+
+@dataclass(frozen=True)
+class TrainingSettings(Settings):
+    """The clients' local work, sent in every training message (the message's values win).
+
+    A strategy whose algorithm defines the local work (DRFA's τ, SCAFF-PD's J, AFL's one
+    step) sends ``local-steps`` without ``local-epochs``, and a client then never falls back
+    to a ``local-epochs`` of its own run config: the first layer (message, then run
+    config) that sets either key decides.
+    """
+
+    lr: float = setting(0.05, "η, the clients' SGD step size", gt=0)
+    local_steps: int = setting(10, "τ, local SGD steps per round (unless local-epochs is set)", ge=1)
+    local_epochs: float = setting(0.0, "local epochs per round instead of local-steps (0: use local-steps)", ge=0)
+    batch_size: int = setting(32, "minibatch size of the local steps", ge=1)
+    weight_decay: float = setting(0.0, "L2 penalty added to the local loss", ge=0)
+    train_loss_on: str = setting("full", "where train_loss (the received model's loss) is measured: all "
+                                         "local data or the first minibatch", choices=TRAIN_LOSS_ON)
+
+
+@dataclass(frozen=True)
+class NodeSettings(Settings):
+    """What each client builds from the run config once: its model and its role in an attack."""
+
+    model: str = setting("logreg", "the model the clients build", choices=MODEL_NAMES)
+    hidden: tuple[int, ...] = setting((128, 64), "hidden layer sizes of the mlp", ge=1)
+    precision: str = setting("float32", "dtype of the clients' data and model", choices=("float32", "float64"))
+    model_seed: int | None = setting(None, "seed of the initial weights (unset: seed)")
+    malicious_ids: tuple[int, ...] = setting((), "partition ids of malicious clients", ge=0)
+    attack: str = setting("none", "what malicious clients do: add attack-bias to every loss they report "
+                                  "(bias) or multiply their update by attack-scale (scale)", choices=ATTACKS)
+    attack_bias: float = setting(0.0, "the bias a bias attacker adds to its losses")
+    attack_scale: float = setting(1.0, "the factor a scaling attacker multiplies its update by")

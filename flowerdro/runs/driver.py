@@ -1,0 +1,171 @@
+"""The one comparison driver: several strategies (and seeds) on one federation, one table.
+
+The ServerApp (``flwr run``, deployments) and the experiments runner (in-process) both
+describe what to run as :class:`Plan` s and call :func:`run_plans`, which builds every
+strategy first (a bad setting fails before any training), gets the initial model from a
+client (``query.init``: the server never loads data), runs the strategies one after
+another, and writes ``summary.json``, ``table.md`` and the comparison figure.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flowerdro.runs.report import comparison_table, final_summary
+from flowerdro.settings import Settings, setting
+from flowerdro.strategies import build_strategy
+from flowerdro.strategies.base import FairStrategy
+
+__all__ = ["Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
+
+#: Run-config keys forwarded to the clients in every training message's config.
+CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
+
+
+@dataclass(frozen=True)
+class RunSettings(Settings):
+    """What the ServerApp runs: which strategies, how many rounds, where results go."""
+
+    strategies: tuple[str, ...] = setting(("fedavg",), "strategies to compare, one after another "
+                                                       "(comma-separated names)")
+    num_rounds: int = setting(10, "communication rounds per strategy", ge=1)
+    round_timeout: float = setting(600.0, "seconds to wait for the replies of one exchange", gt=0)
+    output_dir: str = setting("results/flwr-run", "where the results go (one folder per strategy)")
+
+
+@dataclass
+class Plan:
+    """One run of a comparison: a label, its algorithm, seed, run config and output folder."""
+
+    label: str
+    algorithm: str
+    seed: int
+    run_config: dict[str, Any]
+    output_dir: Path | None = None
+
+
+@dataclass
+class Comparison:
+    """Everything a comparison produced.
+
+    ``histories[label][k]`` is the list of round records of ``seeds[k]``; ``final_arrays``
+    the models the runs returned; ``summaries`` the final fairness numbers.
+    """
+
+    name: str
+    seeds: list[int]
+    histories: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
+    final_arrays: dict[str, list[ArrayRecord]] = field(default_factory=dict)
+    summaries: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    strategies: dict[str, list[FairStrategy]] = field(default_factory=dict)
+    output_dir: Path | None = None
+    table: str = ""
+
+
+def client_config(run_config: Mapping[str, Any]) -> ConfigRecord:
+    """The client hyper-parameters of the run config, as sent in every training message."""
+    return ConfigRecord({k: run_config[k] for k in CLIENT_KEYS if k in run_config and run_config[k] != ""})
+
+
+def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) -> ArrayRecord:
+    """Ask a client for the seeded initial model (``query.init``; up to three clients are tried)."""
+    start = time.monotonic()
+    while not (nodes := sorted(grid.get_node_ids())):
+        if time.monotonic() - start > 120:
+            raise RuntimeError("no client node connected within 120 s; cannot get the initial model")
+        time.sleep(1.0)
+    cfg = ConfigRecord({"seed": int(run_config.get("seed", 0))})
+    reasons: list[str] = []
+    for nid in nodes[:3]:
+        msg = Message(content=RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.init")
+        replies = list(grid.send_and_receive([msg], timeout=timeout))
+        for reply in replies:
+            if not reply.has_error() and "arrays" in reply.content.array_records:
+                return reply.content.array_records["arrays"]
+            if reply.has_error():
+                log(WARNING, "query.init failed on node %d: %s", nid, reply.error.reason)
+                reasons.append(str(reply.error.reason))
+        if not replies:
+            reasons.append(f"node {nid} did not answer within {timeout:.0f} s")
+    raise RuntimeError("could not get initial model weights from any client (query.init failed); "
+                       f"first reason: {reasons[0] if reasons else 'no reply'}")
+
+
+def run_plans(
+    plans: Sequence[Plan],
+    grid_for: Callable[[Plan], Grid],
+    *,
+    name: str,
+    num_rounds: int,
+    timeout: float,
+    out_dir: Path | None = None,
+    last_rounds: int = 1,
+    config: Mapping[str, Any] | None = None,
+    verbose: bool = True,
+) -> Comparison:
+    """Run every plan on the grid ``grid_for(plan)`` and compare the strategies.
+
+    Returns a :class:`Comparison`; with ``out_dir`` set, each plan's strategy writes its
+    run folder (``plan.output_dir``) and ``out_dir`` gets ``summary.json``, ``table.md`` and
+    ``comparison.png``.
+    """
+    built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
+                                   run_name=plan.label)) for plan in plans]
+    seeds = sorted({p.seed for p in plans})
+    result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
+    t0 = time.time()
+    for plan, strategy in built:
+        grid = grid_for(plan)
+        init = initial_arrays(grid, plan.run_config, timeout)
+        # Libraries and data sets are loaded now and live for the whole run. Flower forces
+        # gc.collect() in ArrayRecord.to_numpy_ndarrays(keep_input=False) (q-FedAvg calls it
+        # per reply); without freezing, each collection walks this large heap.
+        gc.collect()
+        gc.freeze()
+        if verbose:
+            log(INFO, "=== %s / %s (seed %d) ===", name, plan.label, plan.seed)
+        res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
+                             train_config=client_config(plan.run_config), evaluate_config=ConfigRecord())
+        result.histories.setdefault(plan.label, []).append(strategy.history)
+        result.final_arrays.setdefault(plan.label, []).append(res.arrays)
+        result.summaries.setdefault(plan.label, []).append(final_summary(strategy.history, last=last_rounds))
+        result.strategies.setdefault(plan.label, []).append(strategy)
+    result.table = comparison_table(result.summaries)
+    if verbose:
+        print(f"\n{name}: {len(result.summaries)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
+              f"{time.time() - t0:.1f} s\n{result.table}\n", flush=True)
+    if out_dir is not None:
+        _write(result, out_dir, config)
+    return result
+
+
+def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(
+        {"config": _jsonable(config or {}), "seeds": result.seeds, "summaries": result.summaries}, indent=2))
+    (out_dir / "table.md").write_text(result.table + "\n")
+    try:
+        from flowerdro.plots import plot_history
+
+        plot_history(result.histories, out_dir / "comparison.png", title=result.name)
+    except Exception as exc:  # noqa: BLE001  # a figure never fails a run
+        log(WARNING, "could not draw the comparison figure: %s", exc)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj

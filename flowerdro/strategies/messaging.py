@@ -1,0 +1,314 @@
+"""Talking to the clients: send, wait, validate replies, count failures and bytes.
+
+:class:`Communicator` is the one place where a strategy's messages leave and its replies
+come back. It drops a reply that is an error, never arrives (timeout), lacks
+``num-examples`` or a required metric, carries a NaN/Inf metric, or holds arrays whose
+keys/shapes differ from the model or are not finite; each drop becomes a
+:class:`Failure` attributed to its node and partition, with the client's full error
+text. It learns which partition each node serves from the ``partition-id`` of the
+replies (a reply without one stands for the partition named by its node id, so a
+client that does not know its partition still gets a stable identity), and a partition
+that reappears on another node (a restarted SuperNode) moves to that node.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from logging import WARNING
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
+from flowerdro.strategies.arrays import check_arrays, record_bytes
+
+__all__ = ["Communicator", "Failure", "metrics_of", "missing_route_hint"]
+
+
+def metrics_of(message: Message) -> MetricRecord:
+    """The reply's metrics: its MetricRecord ``"metrics"``, else its only MetricRecord."""
+    records = message.content.metric_records
+    if "metrics" in records:
+        return records["metrics"]
+    if len(records) == 1:
+        return next(iter(records.values()))
+    raise ValueError(f"reply: expected a MetricRecord 'metrics', found {sorted(records) or 'none'}")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A dropped reply: round, phase, node, partition (None if never heard of), kind, full reason."""
+
+    round: int
+    phase: str
+    node_id: int
+    partition_id: int | None
+    kind: str
+    reason: str
+
+
+_NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
+
+
+def missing_route_hint(reason: str) -> str | None:
+    """What to do when clients lack a message type's handler (None for another reason).
+
+    Flower's ClientApp answers a message type it has no function for with
+    "No <category> function registered with name '<action>'"; a legacy ``client_fn``
+    ClientApp fails on flowerdro's records with a ``KeyError`` on ``fitins.parameters``.
+    """
+    m = _NO_ROUTE.search(reason)
+    if m:
+        mtype = f"{m.group(1)}.{m.group(2)}" if m.group(2) != "default" else m.group(1)
+        return (f"the clients do not serve message type '{mtype}': add flowerdro's handlers to your ClientApp "
+                "with flowerdro.clients.add_routes(app, ...), or run flowerdro's ClientApp (see the README, "
+                "'Use flowerdro in your own Flower project')")
+    if "fitins.parameters" in reason or "evaluateins.parameters" in reason:
+        return ("the clients run a legacy NumPyClient ClientApp, which cannot read flowerdro's Message-API "
+                "records: use flowerdro's legacy strategies with it (flowerdro.legacy), or serve flowerdro's "
+                "routes (see the README, 'Use flowerdro in your own Flower project')")
+    return None
+
+
+class Communicator:
+    """Messages out, valid replies back; failures, bytes and the node ↔ partition map.
+
+    Parameters
+    ----------
+    run_name : str
+        Label in log lines.
+    timeout : float (default: 3600.0)
+        Seconds to wait for the replies of one exchange.
+    pull_interval : float (default: 0.05)
+        Seconds :meth:`stream` sleeps after a pull that brought nothing.
+    """
+
+    def __init__(self, run_name: str, *, timeout: float = 3600.0, pull_interval: float = 0.05) -> None:
+        self.run_name = run_name
+        self.timeout = float(timeout)
+        self.pull_interval = float(pull_interval)
+        self.node_to_partition: dict[int, int] = {}
+        self.failures: list[Failure] = []
+        self.round = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        #: Valid replies of the current round, per phase.
+        self.valid_replies: Counter[str] = Counter()
+        #: Every partition heard from in this run.
+        self.partitions_seen: set[int] = set()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def begin_round(self, server_round: int) -> None:
+        """Start counting bytes for ``server_round``."""
+        self.round, self.bytes_sent, self.bytes_received = int(server_round), 0, 0
+        self.valid_replies = Counter()
+
+    def failures_of_round(self, server_round: int | None = None) -> list[Failure]:
+        """The failures of ``server_round`` (default: the current round)."""
+        rnd = self.round if server_round is None else server_round
+        return [f for f in self.failures if f.round == rnd]
+
+    def partition(self, node_id: int) -> int | None:
+        """Partition id of a node, once one of its replies has told us."""
+        return self.node_to_partition.get(int(node_id))
+
+    def nodes_of(self, node_ids: Iterable[int]) -> dict[int, int]:
+        """Partition id → node id for the given (connected) nodes whose partition is known."""
+        return {self.node_to_partition[n]: n for n in (int(x) for x in node_ids) if n in self.node_to_partition}
+
+    def learn(self, node_id: int, partition_id: int) -> None:
+        """Record that ``node_id`` serves ``partition_id`` (a partition lives on one node at a time)."""
+        node_id, partition_id = int(node_id), int(partition_id)
+        self.partitions_seen.add(partition_id)
+        if self.node_to_partition.get(node_id) == partition_id:
+            return
+        for old in [n for n, p in self.node_to_partition.items() if p == partition_id and n != node_id]:
+            del self.node_to_partition[old]
+            log(WARNING, "[%s] partition %d moved from node %d to node %d", self.run_name, partition_id, old, node_id)
+        self.node_to_partition[node_id] = partition_id
+
+    @staticmethod
+    def build_messages(
+        node_ids: Iterable[int], content: RecordDict | Callable[[int], RecordDict], message_type: str
+    ) -> list[Message]:
+        """One message per node; ``content`` may be a function node id → RecordDict."""
+        out = []
+        for nid in node_ids:
+            rec = content(nid) if callable(content) else content
+            out.append(Message(content=rec, dst_node_id=int(nid), message_type=message_type))
+        return out
+
+    # ------------------------------------------------------------------ exchanges
+    def send(
+        self,
+        grid: Grid,
+        messages: Sequence[Message],
+        *,
+        phase: str,
+        reference: ArrayRecord | None = None,
+        array_keys: Sequence[str] = ("arrays",),
+        required_metrics: Sequence[str] = (),
+    ) -> list[Message]:
+        """Send ``messages``, wait for the replies, and return the valid ones in message order.
+
+        Returning the replies in the order of ``messages`` (not of arrival) makes every
+        aggregation sum in the same order on every run.
+        """
+        messages = list(messages)
+        if not messages:
+            return []
+        self.bytes_sent += sum(record_bytes(m.content) for m in messages)
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        valid, answered = [], set()
+        for reply in replies:
+            nid = int(reply.metadata.src_node_id)
+            answered.add(nid)
+            if self._accept(reply, nid, phase, reference, array_keys, required_metrics):
+                valid.append(reply)
+        self._timeouts(phase, [int(m.metadata.dst_node_id) for m in messages
+                               if int(m.metadata.dst_node_id) not in answered])
+        position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
+        valid.sort(key=lambda r: position.get(int(r.metadata.src_node_id), len(position)))
+        return valid
+
+    def stream(
+        self,
+        grid: Grid,
+        messages: Sequence[Message],
+        on_replies: Callable[[list[Message]], None],
+        *,
+        phase: str,
+        reference: ArrayRecord | None = None,
+        array_keys: Sequence[str] = ("arrays",),
+        required_metrics: Sequence[str] = (),
+    ) -> list[Message]:
+        """Like :meth:`send`, but hand each pull's valid replies to ``on_replies`` as they arrive.
+
+        The messages are pushed once; the outstanding ones are pulled until all have
+        answered or the timeout has passed (sleeping ``pull_interval`` after an empty
+        pull). A reply that arrives after the deadline is not accepted: its node counts as
+        a timeout. The time ``on_replies`` takes counts against the timeout. A grid whose
+        ``push_messages`` raises ``NotImplementedError`` is served by one :meth:`send`.
+        Returns every valid reply in arrival order.
+        """
+        messages = list(messages)
+        if not messages:
+            return []
+        try:
+            ids = list(grid.push_messages(messages))
+        except NotImplementedError:
+            valid = self.send(grid, messages, phase=phase, reference=reference, array_keys=array_keys,
+                              required_metrics=required_metrics)
+            if valid:
+                on_replies(valid)
+            return valid
+        self.bytes_sent += sum(record_bytes(m.content) for m in messages)
+        if len(ids) == len(messages):  # Flower keeps the order and puts None where a push failed
+            pairs = list(zip(ids, messages, strict=True))
+        else:
+            pushed = {str(i) for i in ids if i}
+            pairs = [(m.metadata.message_id if m.metadata.message_id in pushed else None, m) for m in messages]
+        pending: dict[str, int] = {}
+        for mid, msg in pairs:
+            if mid:
+                pending[str(mid)] = int(msg.metadata.dst_node_id)
+            else:
+                self._fail(phase, int(msg.metadata.dst_node_id), "error", "the grid could not push the message")
+        valid: list[Message] = []
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            replies = list(grid.pull_messages(list(pending)))
+            if time.monotonic() > deadline:  # these came too late
+                break
+            batch = []
+            for reply in replies:
+                nid = pending.pop(str(reply.metadata.reply_to_message_id), None)
+                if nid is not None and self._accept(reply, nid, phase, reference, array_keys, required_metrics):
+                    batch.append(reply)
+            if batch:
+                valid.extend(batch)
+                on_replies(batch)
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            if not replies:
+                time.sleep(min(self.pull_interval, deadline - now))
+        self._timeouts(phase, list(pending.values()))
+        return valid
+
+    # ------------------------------------------------------------------ checks
+    def _accept(
+        self,
+        reply: Message,
+        node_id: int,
+        phase: str,
+        reference: ArrayRecord | None,
+        array_keys: Sequence[str],
+        required_metrics: Sequence[str],
+    ) -> bool:
+        if reply.has_error():
+            self._fail(phase, node_id, "error", str(reply.error.reason))
+            return False
+        self.bytes_received += record_bytes(reply.content)
+        why = self._validate(reply, node_id, reference, array_keys, required_metrics)
+        if why is not None:
+            self._fail(phase, node_id, *why)
+            return False
+        self.valid_replies[phase] += 1
+        return True
+
+    def _validate(
+        self,
+        reply: Message,
+        node_id: int,
+        reference: ArrayRecord | None,
+        array_keys: Sequence[str],
+        required_metrics: Sequence[str],
+    ) -> tuple[str, str] | None:
+        content = reply.content
+        if len(content.metric_records) == 0:
+            return "bad-metrics", "reply has no MetricRecord"
+        try:
+            metrics = metrics_of(reply)
+        except ValueError as exc:
+            return "bad-metrics", str(exc)
+        for key in (NUM_EXAMPLES, *required_metrics):
+            if key not in metrics:
+                return "bad-metrics", f"metric '{key}' missing"
+        for key, value in metrics.items():
+            vals = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in vals):
+                return "nonfinite", f"metric '{key}' is {value}"
+        pid = metrics.get(PARTITION_ID)
+        self.learn(node_id, int(pid) if pid is not None else node_id)
+        if reference is not None:
+            for key in array_keys:
+                rec = content.array_records.get(key)
+                if rec is None:
+                    return "bad-arrays", f"ArrayRecord '{key}' missing"
+                why = check_arrays(reference, rec)
+                if why is not None:
+                    return ("nonfinite" if "NaN" in why else "bad-arrays"), why
+        return None
+
+    def _timeouts(self, phase: str, node_ids: Iterable[int]) -> None:
+        for nid in dict.fromkeys(node_ids):
+            self._fail(phase, nid, "timeout", f"no reply within {self.timeout:g} s")
+
+    def _fail(self, phase: str, node_id: int, kind: str, reason: str) -> None:
+        f = Failure(self.round, phase, int(node_id), self.partition(node_id), kind, reason)
+        self.failures.append(f)
+        log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s: %s",
+            self.run_name, f.round, phase, node_id, f.partition_id, kind, reason)
+
+    def most_frequent_reason(self, failures: Sequence[Failure]) -> str | None:
+        """The reason given most often among ``failures`` (None when there are none)."""
+        if not failures:
+            return None
+        return Counter(f.reason for f in failures).most_common(1)[0][0]
