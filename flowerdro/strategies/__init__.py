@@ -1,36 +1,45 @@
 """Flower Message-API strategies.
 
-``from flowerdro.strategies import FairStrategy, build_strategy, DRFA, SCAFFPD, SCAFFOLD,
-DRDSGD, FedRobust, AdversarialTraining, FedMGDA``; ``strategy_names()`` lists the names
-``build_strategy`` accepts.
+``from flowerdro.strategies import build_strategy, strategy_names`` builds any registered
+strategy from a run config; the classes (``DRFA``, ``SCAFFPD``, ``SCAFFOLD``, ``DRDSGD``,
+``FedRobust``, ``AdversarialTraining``, ``FedMGDA``, the Flower baselines) can also be
+built directly with their settings.
 """
 
-from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.baselines import FlowerBaseline, fedavg, fedprox, qfedavg
+from flowerdro.strategies.base import FairStrategy, LoopSettings, RunFailedError
+from flowerdro.strategies.baselines import (
+    FedAvgBaseline,
+    FedProxBaseline,
+    FlowerBaseline,
+    QFedAvgBaseline,
+)
 from flowerdro.strategies.drdsgd import DRDSGD, drdsgd, dsgd
 from flowerdro.strategies.drfa import DRFA
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
-from flowerdro.strategies.registry import build_strategy, register, strategy_names
+from flowerdro.strategies.registry import ALGORITHMS, build_strategy, register, strategy_names
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
 
 __all__ = [
+    "ALGORITHMS",
     "DRDSGD",
     "DRFA",
-    "AdversarialTraining",
-    "FedMGDA",
-    "FedRobust",
     "SCAFFOLD",
     "SCAFFPD",
+    "AdversarialTraining",
     "FairStrategy",
+    "FedAvgBaseline",
+    "FedMGDA",
+    "FedProxBaseline",
+    "FedRobust",
     "FlowerBaseline",
+    "LoopSettings",
+    "QFedAvgBaseline",
+    "RunFailedError",
     "build_strategy",
     "drdsgd",
     "dsgd",
-    "fedavg",
-    "fedprox",
-    "qfedavg",
     "register",
     "strategy_names",
 ]

@@ -5,7 +5,11 @@ and how it aggregates) and adds what :class:`~flowerdro.strategies.base.FairStra
 seeded sampling (Flower samples with the global ``random``), failure handling before
 aggregation, per-client evaluation and the results log. The inner strategy sees a view of
 the grid that contains exactly the nodes we sampled, so its own sampling step selects
-all of them.
+all of them. Two things are made tolerant before Flower aggregates: the replies' metrics
+are cut to the keys every reply holds (Flower refuses replies whose metric keys differ,
+so one client with an extra metric would abort the round), and the new model keeps the
+dtypes of the model it replaces (q-FedAvg's arithmetic would otherwise turn a float32
+model into float64).
 
 References: McMahan et al. 2017 (FedAvg), Li et al. 2020 (FedProx),
 Li, Sanjabi, Beirami, Smith 2020 (q-FedAvg, q-FFL).
@@ -14,13 +18,21 @@ Li, Sanjabi, Beirami, Smith 2020 (q-FedAvg, q-FFL).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
-from flowerdro.strategies.base import FairStrategy
+from flowerdro.settings import Settings, setting
+from flowerdro.strategies.arrays import array_view
+from flowerdro.strategies.base import EmptySettings, FairStrategy
+from flowerdro.strategies.messaging import metrics_of
+
+__all__ = ["FedAvgBaseline", "FedProxBaseline", "FedProxSettings", "FlowerBaseline", "QFedAvgBaseline",
+           "QFedAvgSettings"]
 
 
 class _NodeSubsetGrid(Grid):
@@ -49,37 +61,25 @@ class _NodeSubsetGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
         return self._grid.pull_messages(message_ids)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:  # noqa: D102
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
 class FlowerBaseline(FairStrategy):
     """Run one of Flower's Message-API strategies with flowerdro's loop and metrics.
 
-    Parameters
-    ----------
-    inner : flwr.serverapp.strategy.Strategy
-        A Flower strategy built with ``fraction_train=1.0`` and ``min_*_nodes=1``
-        (our loop decides who is sampled).
-    name : str
-        Label for logs and results.
-    **kwargs
-        Passed to :class:`FairStrategy` (fraction_train, seed, output_dir, …).
+    Subclasses say which Flower strategy (:meth:`make_inner`) from their settings.
     """
 
-    def __init__(self, inner: Strategy, name: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.inner = inner
-        self.name = name
-        self.run_name = kwargs.get("run_name") or name
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inner = self.make_inner()
+        self._global: ArrayRecord | None = None
 
-    def settings(self) -> dict[str, Any]:  # noqa: D102
-        out = super().settings()
-        out["inner"] = type(self.inner).__name__
-        for key in ("q", "client_learning_rate", "proximal_mu"):
-            if hasattr(self.inner, key):
-                out[key] = getattr(self.inner, key)
-        return out
+    def make_inner(self) -> Strategy:
+        """Flower's strategy, built to sample every node it is shown (our loop samples)."""
+        raise NotImplementedError
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -92,39 +92,83 @@ class FlowerBaseline(FairStrategy):
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
         position = {int(n): i for i, n in enumerate(chosen)}
-        messages = list(self.inner.configure_train(server_round, arrays, config, _NodeSubsetGrid(grid, chosen)))
+        self._global = arrays
+        messages = list(self.inner.configure_train(server_round, arrays, self.train_config(config, server_round),
+                                                   _NodeSubsetGrid(grid, chosen)))
         return sorted(messages, key=lambda m: position[int(m.metadata.dst_node_id)])
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's own aggregation over the replies that passed our checks."""
-        return self.inner.aggregate_train(server_round, list(replies))
+        """Flower's own aggregation over the replies that passed our checks.
+
+        The metrics are cut to the keys all replies share first, and the result keeps the
+        dtypes of the model sent this round.
+        """
+        replies = list(replies)
+        common = set.intersection(*(set(metrics_of(r).keys()) for r in replies)) if replies else set()
+        for r in replies:
+            mr = metrics_of(r)
+            if set(mr.keys()) != common:
+                name = "metrics" if "metrics" in r.content.metric_records else next(iter(r.content.metric_records))
+                r.content.metric_records[name] = MetricRecord({k: mr[k] for k in mr.keys() if k in common})
+        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        if arrays is not None and self._global is not None:
+            arrays = ArrayRecord({k: _as_dtype(arrays[k], self._global[k]) for k in arrays.keys()})
+        return arrays, metrics
 
 
-def fedavg(**kwargs: Any) -> FlowerBaseline:
-    """Flower's FedAvg (example-weighted model average)."""
-    return FlowerBaseline(_quiet(FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1)),
-                          "fedavg", **kwargs)
+def _as_dtype(new: Array, like: Array) -> Array:
+    """``new`` with the dtype of ``like`` (unchanged when they already agree)."""
+    target = array_view(like).dtype
+    values = array_view(new)
+    return new if values.dtype == target else Array(np.asarray(values, dtype=target))
 
 
-def fedprox(proximal_mu: float, **kwargs: Any) -> FlowerBaseline:
+class FedAvgBaseline(FlowerBaseline):
+    """Flower's FedAvg: the example-weighted average of the clients' models."""
+
+    name: ClassVar[str] = "fedavg"
+    settings_class: ClassVar[type[Settings]] = EmptySettings
+
+    def make_inner(self) -> Strategy:  # noqa: D102
+        return FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1)
+
+
+@dataclass(frozen=True)
+class FedProxSettings(Settings):
+    """FedProx (Li et al. 2020)."""
+
+    proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0)
+
+
+class FedProxBaseline(FlowerBaseline):
     """Flower's FedProx: clients add (μ/2)‖w − w_global‖² to their local objective."""
-    if proximal_mu < 0:
-        raise ValueError(f"proximal-mu: must be >= 0, got {proximal_mu}")
-    inner = FedProx(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, proximal_mu=proximal_mu)
-    return FlowerBaseline(_quiet(inner), "fedprox", **kwargs)
+
+    name: ClassVar[str] = "fedprox"
+    settings_class: ClassVar[type[Settings]] = FedProxSettings
+
+    def make_inner(self) -> Strategy:  # noqa: D102
+        return FedProx(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1,
+                       proximal_mu=self.config.proximal_mu)
 
 
-def qfedavg(q: float, client_learning_rate: float, **kwargs: Any) -> FlowerBaseline:
-    """Flower's q-FedAvg (q-FFL): updates weighted by F_k^q, L = 1/η (needs ``train_loss``)."""
-    if q < 0:
-        raise ValueError(f"q: must be >= 0, got {q}")
-    if not client_learning_rate > 0:
-        raise ValueError(f"lr: q-FedAvg needs the client learning rate > 0, got {client_learning_rate}")
-    inner = QFedAvg(client_learning_rate=client_learning_rate, q=q, fraction_train=1.0,
-                    min_train_nodes=1, min_available_nodes=1)
-    return FlowerBaseline(_quiet(inner), "qfedavg", **kwargs)
+@dataclass(frozen=True)
+class QFedAvgSettings(Settings):
+    """q-FedAvg (Li, Sanjabi, Beirami, Smith 2020)."""
+
+    q: float = setting(0.2, "q of q-FFL: updates weighted by F_k^q (0: FedAvg-like)", ge=0)
 
 
-def _quiet(strategy: Strategy) -> Strategy:
-    return strategy
+class QFedAvgBaseline(FlowerBaseline):
+    """Flower's q-FedAvg: updates weighted by F_k^q, L = 1/η (η = the clients' ``lr``).
+
+    Needs ``train_loss`` = the loss of the *received* model in every train reply
+    (flowerdro's clients measure it before training).
+    """
+
+    name: ClassVar[str] = "qfedavg"
+    settings_class: ClassVar[type[Settings]] = QFedAvgSettings
+
+    def make_inner(self) -> Strategy:  # noqa: D102
+        return QFedAvg(client_learning_rate=self.training.lr, q=self.config.q, fraction_train=1.0,
+                       min_train_nodes=1, min_available_nodes=1)

@@ -1,20 +1,46 @@
-"""Strategies by name, built from a Flower run config.
+"""Strategies by name: one registry line per algorithm, built from a Flower run config.
 
-``build_strategy(name, run_config, output_dir=None)`` is what the ServerApp and the
-experiments runner call. Each algorithm module registers a factory with :func:`register`;
-the factory reads its hyper-parameters from the run config (kebab-case keys, see
-docs/protocol.md) and validates them.
+:data:`ALGORITHMS` maps a name to an :class:`Algorithm`: the strategy class (whose
+``settings_class`` declares the algorithm's run-config keys), the message types its
+clients must serve, and the settings the name fixes (AFL is DRFA with τ = 1: the run
+config cannot change it). :func:`build_strategy` reads the algorithm's settings, the
+round loop's (:class:`~flowerdro.strategies.base.LoopSettings`) and the clients'
+(:mod:`flowerdro.protocol`) from one run config; every value is validated where it is
+declared, before any message is sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from flowerdro.clients.config import Settings
+from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
+from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.output import RunWriter
+
+#: Message types every flowerdro server sends, whatever the algorithm.
+COMMON_ROUTES = ("evaluate", "query.init")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registry entry: how a name becomes a strategy."""
+
+    strategy: type[FairStrategy]
+    routes: tuple[str, ...]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    summary: str = ""
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
+    "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
+    "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+}
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
 _REGISTRY: dict[str, Factory] = {}
@@ -32,58 +58,44 @@ def register(name: str) -> Callable[[Factory], Factory]:
 
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
-    _load_all()
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted({*ALGORITHMS, *_REGISTRY}))
+
+
+def loop_settings(run_config: Mapping[str, Any], **fixed: Any) -> LoopSettings:
+    """The round loop's settings; ``eval-metric`` defaults to the loss metric on a regression data set."""
+    loop = read_settings(LoopSettings, run_config, **fixed)
+    if loop.eval_metric is None and _is_regression(run_config):
+        loop = replace(loop, eval_metric=loop.loss_metric)
+    return loop
 
 
 def common_kwargs(s: Settings, run_config: Mapping[str, Any], run_name: str) -> dict[str, Any]:
     """The round loop's settings (sampling fractions, seed, …) and the run's label."""
-    loop = read_settings(LoopSettings, run_config)
-    if loop.eval_metric is None and _is_regression(run_config):
-        from dataclasses import replace
-
-        loop = replace(loop, eval_metric=loop.loss_metric)
-    return {"loop": loop, "run_name": run_name}
+    return {"loop": loop_settings(run_config), "run_name": run_name}
 
 
 def build_strategy(
     name: str, run_config: Mapping[str, Any], *, output_dir: str | None = None, run_name: str | None = None
 ) -> FairStrategy:
-    """Build strategy ``name`` with hyper-parameters from ``run_config``."""
-    _load_all()
-    if name not in _REGISTRY:
-        raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
-    s = Settings(run_config)
-    strategy = _REGISTRY[name](s, common_kwargs(s, run_config, run_name or name))
+    """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message)."""
+    if name not in ALGORITHMS and name not in _REGISTRY:
+        raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
+    read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
+    if name in ALGORITHMS:
+        alg = ALGORITHMS[name]
+        groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
+        fixed = [{k: v for k, v in alg.fixed.items() if k in {f.name for f in fields(cls)}} for cls in groups]
+        strategy = alg.strategy(read_settings(groups[0], run_config, **fixed[0]),
+                                loop=loop_settings(run_config, **fixed[1]),
+                                training=read_settings(TrainingSettings, run_config, **fixed[2]),
+                                run_name=run_name or name)
+    else:
+        read_settings(TrainingSettings, run_config)
+        strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
+                                                                      run_name or name))
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir))
     return strategy
-
-
-def _load_all() -> None:
-    # Importing the modules runs their @register decorators.
-    from flowerdro.strategies import builtin  # noqa: F401
-
-
-@register("fedavg")
-def _fedavg(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.baselines import fedavg
-
-    return fedavg(**kw)
-
-
-@register("fedprox")
-def _fedprox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.baselines import fedprox
-
-    return fedprox(s.float("proximal-mu", 0.1, minimum=0.0), **kw)
-
-
-@register("qfedavg")
-def _qfedavg(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.baselines import qfedavg
-
-    return qfedavg(s.float("q", 0.2, minimum=0.0), s.float("lr", 0.05, positive=True), **kw)
 
 
 def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:

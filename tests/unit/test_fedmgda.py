@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.strategies import build_strategy
-from flowerdro.strategies.baselines import fedavg
+from flowerdro.strategies.baselines import FedAvgBaseline
 from flowerdro.strategies.fedmgda import FedMGDA, fedmgda_server_step, improved_fraction
 
 
@@ -167,7 +167,7 @@ def test_scaled_update_leaves_fedmgda_unchanged_but_moves_fedavg():
     honest, _ = s.aggregate_train(1, replies(1.0))
     attacked, _ = s.aggregate_train(1, replies(50.0))
     np.testing.assert_allclose(_flat(attacked), _flat(honest), atol=1e-12)
-    fa = fedavg()
+    fa = FedAvgBaseline()
     honest_avg, _ = fa.aggregate_train(1, replies(1.0))
     attacked_avg, _ = fa.aggregate_train(1, replies(50.0))
     assert np.abs(_flat(attacked_avg) - _flat(honest_avg)).max() > 1.0

@@ -1,1 +1,0 @@
-"""Imports every strategy module so that its factories are registered."""
