@@ -1,0 +1,142 @@
+"""The round loop against in-process clients: loud failure, missing routes, tolerant aggregation,
+partition identity, and fairness numbers that say who is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message, MetricRecord
+from flwr.clientapp import ClientApp
+
+from flowerdro.apps.client_app import app as client_app
+from flowerdro.clients import handlers
+from flowerdro.experiments import Fault, InProcessGrid
+from flowerdro.runs import client_config, initial_arrays
+from flowerdro.strategies import RunFailedError, build_strategy
+
+
+def _run(name: str, rc: dict, grid: InProcessGrid, rounds: int = 3):
+    strategy = build_strategy(name, rc)
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=rounds, timeout=60,
+                   train_config=client_config(rc))
+    return strategy
+
+
+def _app_without_training() -> ClientApp:
+    """A user's ClientApp that serves evaluation and the initial model but no flowerdro training route."""
+    app = ClientApp()
+    app.evaluate()(handlers.evaluate_reply)
+    app.query("init")(handlers.init_reply)
+    app.query("loss")(handlers.loss_reply)
+    return app
+
+
+@pytest.mark.parametrize("name,route", [("fedavg", "'train'"), ("drfa", "'train.drfa'"),
+                                        ("scaffold", "'train.scaffold'")])
+def test_clients_without_the_route_fail_the_run_within_max_failed_rounds_naming_it(synth_rc, name, route):
+    grid = InProcessGrid(_app_without_training(), 4, synth_rc)
+    strategy = build_strategy(name, {**synth_rc, "max-failed-rounds": 3})
+    with pytest.raises(RunFailedError) as err:
+        strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=10, timeout=60,
+                       train_config=client_config(synth_rc))
+    assert len(strategy.history) == 3  # failed after the third round in a row, not after ten
+    assert route in str(err.value) and "add_routes" in str(err.value)
+
+
+def test_one_failing_round_does_not_stop_the_run(synth_rc):
+    faults = {k: Fault("raise", message_types=("train",), rounds=(2,)) for k in range(4)}
+    strategy = _run("fedavg", {**synth_rc, "max-failed-rounds": 2}, InProcessGrid(client_app, 4, synth_rc,
+                                                                                  faults=faults), rounds=4)
+    assert [bool(r["failures"]) for r in strategy.history] == [False, True, False, False]
+
+
+def test_the_full_client_error_reaches_the_failure_record(synth_rc):
+    long_reason = "x" * 1000
+
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        raise RuntimeError(long_reason)
+
+    app.evaluate()(handlers.evaluate_reply)
+    app.query("init")(handlers.init_reply)
+    strategy = build_strategy("fedavg", {**synth_rc, "max-failed-rounds": 5})
+    grid = InProcessGrid(app, 2, synth_rc)
+    strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+    assert all(long_reason in f.reason for f in strategy.failures)
+
+
+def _app_with_extra_metric(partition: int) -> ClientApp:
+    """flowerdro's ClientApp, except that one partition reports one more training metric."""
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        reply = handlers.train_reply(msg, context)
+        if int(context.node_config["partition-id"]) == partition:
+            mr = reply.content["metrics"]
+            reply.content["metrics"] = MetricRecord({**dict(mr), "extra": 1.0})
+        return reply
+
+    app.evaluate()(handlers.evaluate_reply)
+    app.query("init")(handlers.init_reply)
+    return app
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "qfedavg"])
+def test_one_client_with_an_extra_metric_does_not_abort_flowers_strategies(synth_rc, name):
+    rc = {**synth_rc, "q": 0.5}
+    plain = _run(name, rc, InProcessGrid(client_app, 4, rc))
+    extra = _run(name, rc, InProcessGrid(_app_with_extra_metric(2), 4, rc))
+    # the extra metric is left out; everything else is what the plain run computed
+    assert [r["acc_mean"] for r in extra.history] == [r["acc_mean"] for r in plain.history]
+    assert not any(r["failures"] for r in extra.history)
+
+
+def test_q_fedavg_keeps_the_models_dtype(synth_rc):
+    grid = InProcessGrid(client_app, 4, synth_rc)
+    strategy = build_strategy("qfedavg", {**synth_rc, "q": 1.0})
+    res = strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=3, timeout=60)
+    assert {res.arrays[k].numpy().dtype for k in res.arrays.keys()} == {np.dtype(np.float32)}
+    # every round sends the same float32 bytes (a float64 model would double them)
+    assert len({r["bytes_sent"] for r in strategy.history}) == 1
+
+
+def test_a_partition_that_does_not_evaluate_is_listed_as_missing_with_the_reason(synth_rc):
+    faults = {2: Fault("raise", message_types=("evaluate",), rounds=(2,))}
+    strategy = _run("fedavg", synth_rc, InProcessGrid(client_app, 5, synth_rc, faults=faults))
+    assert [r["missing"] for r in strategy.history] == [{}, {"2": "error"}, {}]
+    assert [r["acc_n"] for r in strategy.history] == [5, 4, 5]
+    assert "2" not in strategy.history[1]["client_acc"]
+
+
+class _RestartingGrid(InProcessGrid):
+    """Partition ``restart`` goes away after round ``down`` and comes back on a new node id after ``up``."""
+
+    def __init__(self, *args, restart: int, down: int, up: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.restart, self.down, self.up, self.rounds_seen = restart, down, up, 0
+        self.old_id = self.node_ids[restart]
+        self.new_id = self.old_id + 1_000_000
+
+    def on_round(self, rnd: int) -> None:
+        if rnd == self.down + 1:
+            self.node_ids = [n for n in self.node_ids if n != self.old_id]
+        if rnd == self.up + 1:
+            ctx = self.contexts[self.old_id]
+            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
+                                                 state=ctx.state, run_config=ctx.run_config)
+            self.partition_of_node[self.new_id] = self.restart
+            self.node_ids = sorted([*self.node_ids, self.new_id])
+
+
+def test_a_restarted_node_takes_its_partitions_place_and_the_gap_is_reported(synth_rc):
+    grid = _RestartingGrid(client_app, 4, synth_rc, restart=1, down=1, up=2)
+    strategy = build_strategy("fedavg", synth_rc)
+    strategy.add_round_callback(lambda rec: grid.on_round(rec["round"] + 1))
+    strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=4, timeout=60)
+    missing = [r["missing"] for r in strategy.history]
+    assert missing == [{}, {"1": "node gone"}, {}, {}]
+    assert [sorted(r["client_acc"]) for r in strategy.history][2:] == [["0", "1", "2", "3"]] * 2
+    assert strategy.partition(grid.new_id) == 1 and strategy.partition(grid.old_id) is None
