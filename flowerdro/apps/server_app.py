@@ -28,7 +28,8 @@ def run_strategies(grid: Grid, run_config: dict) -> Comparison:
     seed = int(run_config.get("seed", 0) or 0)
     plans = [Plan(name, name, seed, dict(run_config), out_root / name) for name in run.strategies]
     return run_plans(plans, lambda _plan: grid, name="flwr-run", num_rounds=run.num_rounds,
-                     timeout=run.round_timeout, out_dir=out_root, config=run_config)
+                     timeout=run.round_timeout, out_dir=out_root, config=run_config, resume=run.resume,
+                     overwrite=run.overwrite)
 
 
 @app.main()

@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", help="run only these strategy labels of the config, e.g. drfa,afl")
     parser.add_argument("--out", default="results", help="output root (default: results)")
     parser.add_argument("--quiet", action="store_true", help="only print the final table")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the runs from their latest checkpoints (finished runs are kept)")
+    parser.add_argument("--overwrite", action="store_true", help="replace results of another run with this name")
     args = parser.parse_args(argv)
 
     from flowerdro.experiments.runner import load_config, run
@@ -37,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--strategies: {', '.join(unknown)} not in the config's strategies "
                          f"({', '.join(map(str, cfg['strategies']))})")
         cfg["strategies"] = wanted
+    if args.resume:
+        cfg["resume"] = True
+    if args.overwrite:
+        cfg["overwrite"] = True
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)

@@ -42,6 +42,9 @@ class RunSettings(Settings):
     num_rounds: int = setting(10, "communication rounds per strategy", ge=1)
     round_timeout: float = setting(600.0, "seconds to wait for the replies of one exchange", gt=0)
     output_dir: str = setting("results/flwr-run", "where the results go (one folder per strategy)")
+    resume: bool = setting(False, "continue the runs in output-dir from their latest checkpoints "
+                                  "(finished runs are kept as they are)")
+    overwrite: bool = setting(False, "replace another run's files in output-dir instead of refusing")
 
 
 @dataclass
@@ -113,19 +116,29 @@ def run_plans(
     last_rounds: int = 1,
     config: Mapping[str, Any] | None = None,
     verbose: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> Comparison:
     """Run every plan on the grid ``grid_for(plan)`` and compare the strategies.
 
     Returns a :class:`Comparison`; with ``out_dir`` set, each plan's strategy writes its
     run folder (``plan.output_dir``) and ``out_dir`` gets ``summary.json``, ``table.md`` and
-    ``comparison.png``.
+    ``comparison.png``. With ``resume``, a plan whose folder holds a finished run is
+    taken from disk, and one with a checkpoint continues after it.
     """
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
-                                   run_name=plan.label)) for plan in plans]
+                                   run_name=plan.label, resume=resume, overwrite=overwrite)) for plan in plans]
     seeds = sorted({p.seed for p in plans})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
     t0 = time.time()
     for plan, strategy in built:
+        if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
+            strategy.history, final = done
+            log(INFO, "=== %s / %s (seed %d): finished before, read from %s ===", name, plan.label, plan.seed,
+                plan.output_dir)
+            _collect(result, plan, strategy, final, last_rounds)
+            continue
+        checkpoint = _latest_checkpoint(strategy) if resume else None
         grid = grid_for(plan)
         init = initial_arrays(grid, plan.run_config, timeout)
         # Libraries and data sets are loaded now and live for the whole run. Flower forces
@@ -136,11 +149,9 @@ def run_plans(
         if verbose:
             log(INFO, "=== %s / %s (seed %d) ===", name, plan.label, plan.seed)
         res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
-                             train_config=client_config(plan.run_config), evaluate_config=ConfigRecord())
-        result.histories.setdefault(plan.label, []).append(strategy.history)
-        result.final_arrays.setdefault(plan.label, []).append(res.arrays)
-        result.summaries.setdefault(plan.label, []).append(final_summary(strategy.history, last=last_rounds))
-        result.strategies.setdefault(plan.label, []).append(strategy)
+                             train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
+                             **({"resume": checkpoint} if checkpoint is not None else {}))
+        _collect(result, plan, strategy, res.arrays, last_rounds)
     result.table = comparison_table(result.summaries)
     if verbose:
         print(f"\n{name}: {len(result.summaries)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
@@ -148,6 +159,35 @@ def run_plans(
     if out_dir is not None:
         _write(result, out_dir, config)
     return result
+
+
+def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: ArrayRecord, last_rounds: int) -> None:
+    result.histories.setdefault(plan.label, []).append(strategy.history)
+    result.final_arrays.setdefault(plan.label, []).append(final)
+    result.summaries.setdefault(plan.label, []).append(final_summary(strategy.history, last=last_rounds))
+    result.strategies.setdefault(plan.label, []).append(strategy)
+
+
+def _finished(run_dir: Path, num_rounds: int) -> tuple[list[dict[str, Any]], ArrayRecord] | None:
+    """The records and final model of a run in ``run_dir`` that reached ``num_rounds`` (else None)."""
+    from flowerdro.runs.results import load_records
+    from flowerdro.strategies.arrays import load_arrays
+
+    if not (run_dir / "final_model.npz").is_file() or not (run_dir / "rounds.jsonl").is_file():
+        return None
+    records = load_records(run_dir)
+    if not records or int(records[-1]["round"]) != num_rounds:
+        return None
+    return records, load_arrays(run_dir / "final_model.npz")
+
+
+def _latest_checkpoint(strategy: FairStrategy) -> dict[str, Any] | None:
+    from flowerdro.strategies.output import RunWriter
+
+    for obs in strategy._observers:  # noqa: SLF001
+        if isinstance(obs, RunWriter):
+            return obs.latest_checkpoint()
+    return None
 
 
 def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) -> None:

@@ -17,9 +17,10 @@ the clients, then a round record handed to the observers (``add_observer``: a
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from logging import INFO, WARNING
 from typing import Any, ClassVar
@@ -316,6 +317,43 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Extra per-round fields for the record (e.g. λ keyed by partition id)."""
         return {}
 
+    # ------------------------------------------------------------------ checkpoints
+    def server_state(self) -> dict[str, Any]:
+        """Everything the server needs to continue the run after the current round.
+
+        The global model, the round counter, the generator's state, the node ↔ partition
+        map, the failures, the latest per-client results, the history so far and the
+        algorithm's own state (``self.state``: λ, control variates, device models, step
+        schedules, … whatever the strategy keeps between rounds).
+        """
+        arrays = self.current_arrays
+        return {
+            "round": self._round,
+            "arrays": None if arrays is None else {k: arrays[k].numpy() for k in arrays.keys()},
+            "rng": self.rng.bit_generator.state,
+            "node_to_partition": dict(self.comm.node_to_partition),
+            "partitions_seen": sorted(self.comm.partitions_seen),
+            "failures": list(self.comm.failures),
+            "results": {p: dict(v) for p, v in self.results.latest.items()},
+            "history": list(self.history),
+            "failed_in_row": getattr(self, "_failed_in_row", 0),
+            "state": copy.deepcopy(getattr(self, "state", None)),
+        }
+
+    def restore(self, checkpoint: Mapping[str, Any]) -> ArrayRecord:
+        """Put the server back in the state of ``checkpoint``; returns the global model."""
+        self._round = int(checkpoint["round"])
+        self.rng.bit_generator.state = checkpoint["rng"]
+        self.comm.node_to_partition = dict(checkpoint["node_to_partition"])
+        self.comm.partitions_seen = set(checkpoint["partitions_seen"])
+        self.comm.failures = list(checkpoint["failures"])
+        self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}
+        self.history = list(checkpoint["history"])
+        if checkpoint.get("state") is not None:
+            self.state = copy.deepcopy(checkpoint["state"])
+        self.current_arrays = numpy_to_arrays(list(checkpoint["arrays"]), list(checkpoint["arrays"].values()))
+        return self.current_arrays
+
     # ------------------------------------------------------------------ the loop
     def start(
         self,
@@ -326,12 +364,16 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        resume: Mapping[str, Any] | None = None,
     ) -> Result:
         """Run ``num_rounds`` rounds: train (one or more phases), evaluate the clients, record.
 
-        Raises :class:`RunFailedError` when ``max-failed-rounds`` rounds in a row bring no
-        valid training reply (the error names the most frequent reason and, when the
-        clients lack a message type, how to add it).
+        With ``resume`` (a checkpoint saved by :meth:`server_state`), the run continues
+        after the checkpoint's round with the server state it held, so the rounds that
+        follow are those of an uninterrupted run. Raises :class:`RunFailedError` when
+        ``max-failed-rounds`` rounds in a row bring no valid training reply (the error
+        names the most frequent reason and, when the clients lack a message type, how to
+        add it).
         """
         if num_rounds < 1:
             raise ValueError(f"num-rounds: must be >= 1, got {num_rounds}")
@@ -341,11 +383,16 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         log(INFO, "Starting %s (%d rounds)", self.run_name, num_rounds)
         self.summary()
         self.on_start(grid, initial_arrays, num_rounds)
+        result, arrays, t_run, failed_in_row, first = Result(), initial_arrays, time.time(), 0, 1
+        if resume is not None:
+            arrays, failed_in_row = self.restore(resume), int(resume["failed_in_row"])
+            first = self._round + 1
+            log(INFO, "[%s] resuming after round %d", self.run_name, self._round)
         self._notify("on_start", num_rounds)
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        result, arrays, t_run, failed_in_row = Result(), initial_arrays, time.time(), 0
-        for rnd in range(1, num_rounds + 1):
+        self._failed_in_row = failed_in_row
+        for rnd in range(first, num_rounds + 1):
             self._round = rnd
             self.comm.begin_round(rnd)
             t0 = time.time()
@@ -353,7 +400,7 @@ class FairStrategy(_TransitionalAttributes, Strategy):
             self.current_arrays = result.arrays = arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
-            failed_in_row = failed_in_row + 1 if self._no_train_reply() else 0
+            self._failed_in_row = failed_in_row = failed_in_row + 1 if self._no_train_reply() else 0
             eval_metrics, missing = None, None
             if rnd % self.loop.evaluate_every == 0 or rnd == num_rounds:
                 eval_metrics, missing = self._evaluate(rnd, grid, arrays, evaluate_config)

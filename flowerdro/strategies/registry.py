@@ -75,9 +75,19 @@ def common_kwargs(s: Settings, run_config: Mapping[str, Any], run_name: str) -> 
 
 
 def build_strategy(
-    name: str, run_config: Mapping[str, Any], *, output_dir: str | None = None, run_name: str | None = None
+    name: str,
+    run_config: Mapping[str, Any],
+    *,
+    output_dir: str | None = None,
+    run_name: str | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> FairStrategy:
-    """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message)."""
+    """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message).
+
+    With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the run's
+    files there (``resume`` / ``overwrite``: what to do with a folder that holds a run).
+    """
     if name not in ALGORITHMS and name not in _REGISTRY:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
     read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
@@ -94,7 +104,7 @@ def build_strategy(
         strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
                                                                       run_name or name))
     if output_dir is not None:
-        strategy.add_observer(RunWriter(output_dir))
+        strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
 
 

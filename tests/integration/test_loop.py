@@ -140,3 +140,60 @@ def test_a_restarted_node_takes_its_partitions_place_and_the_gap_is_reported(syn
     assert missing == [{}, {"1": "node gone"}, {}, {}]
     assert [sorted(r["client_acc"]) for r in strategy.history][2:] == [["0", "1", "2", "3"]] * 2
     assert strategy.partition(grid.new_id) == 1 and strategy.partition(grid.old_id) is None
+
+
+# --------------------------------------------------------------------------- crash and resume
+class _Crash(Exception):
+    pass
+
+
+def _experiment(name: str, rc: dict, root, rounds: int = 4) -> dict:
+    return {"name": "resume", "num-rounds": rounds, "seeds": [0], "num-partitions": 4,
+            "strategies": [name], "run-config": {**rc, "checkpoint-every": 1, "fraction-train": 0.5},
+            "output-root": str(root)}
+
+
+def _records(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
+
+
+@pytest.mark.parametrize("name", ["fedavg", "qfedavg"])
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, monkeypatch):
+    from flowerdro.experiments import run
+    from flowerdro.strategies.base import FairStrategy
+
+    whole = run(_experiment(name, synth_rc, tmp_path / "whole"), verbose=False)
+
+    # crash right after round 2 was written (its checkpoint included)
+    original = FairStrategy._notify
+
+    def crashing(self, event, *args):
+        original(self, event, *args)
+        if event == "on_round" and args[0]["round"] == 2:
+            raise _Crash
+
+    monkeypatch.setattr(FairStrategy, "_notify", crashing)
+    with pytest.raises(_Crash):
+        run(_experiment(name, synth_rc, tmp_path / "cut"), verbose=False)
+    monkeypatch.setattr(FairStrategy, "_notify", original)
+    resumed = run({**_experiment(name, synth_rc, tmp_path / "cut"), "resume": True}, verbose=False)
+
+    assert _records(resumed.histories[name][0]) == _records(whole.histories[name][0])
+    a, b = whole.final_arrays[name][0], resumed.final_arrays[name][0]
+    for k in a.keys():
+        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+    from flowerdro.runs import load_records
+
+    on_disk = load_records(tmp_path / "cut" / "resume" / name / "seed0")
+    assert [r["round"] for r in on_disk] == [1, 2, 3, 4]
+
+
+def test_a_folder_holding_another_run_is_refused_unless_overwritten(synth_rc, tmp_path):
+    from flowerdro.experiments import run
+
+    run(_experiment("fedavg", synth_rc, tmp_path, rounds=1), verbose=False)
+    other = _experiment("fedavg", {**synth_rc, "lr": 0.1}, tmp_path, rounds=1)
+    with pytest.raises(ValueError, match="output-dir: .* holds another run .*lr"):
+        run(other, verbose=False)
+    run({**other, "overwrite": True}, verbose=False)
+    run(other, verbose=False)  # the same run again: started afresh
