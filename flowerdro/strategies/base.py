@@ -317,6 +317,11 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Extra per-round fields for the record (e.g. λ keyed by partition id)."""
         return {}
 
+    def output_files(self) -> dict[str, Any]:
+        """Files a run leaves besides its records, by name: a dict is written as JSON, a mapping
+        of arrays as ``.npz`` (e.g. DR-DSGD's device models); none by default."""
+        return {}
+
     # ------------------------------------------------------------------ checkpoints
     def server_state(self) -> dict[str, Any]:
         """Everything the server needs to continue the run after the current round.

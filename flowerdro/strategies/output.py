@@ -143,8 +143,14 @@ class RunWriter:
         return path
 
     def on_end(self, strategy: FairStrategy, final: ArrayRecord) -> None:
-        """Write ``final_model.npz`` and ``progress.png`` (a plot never fails a run)."""
+        """Write ``final_model.npz``, the strategy's own files and ``progress.png`` (a plot never fails a run)."""
         save_arrays(self.output_dir / "final_model.npz", final)
+        for name, content in strategy.output_files().items():
+            path = self.output_dir / name
+            if name.endswith(".json"):
+                path.write_text(json.dumps(content, indent=2, default=json_default))
+            else:
+                np.savez(path, **{k: np.asarray(v) for k, v in content.items()})
         if not self.plot:
             return
         try:
