@@ -223,7 +223,9 @@ def _coerce(f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if tp is float:
         return _check(f, key, _as_float(key, value))
     if tp is str:
-        return _check(f, key, str(value))
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r}")
+        return _check(f, key, value)
     raise TypeError(f"{key}: unsupported settings type {tp!r}")
 
 

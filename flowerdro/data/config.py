@@ -9,10 +9,11 @@ loaded, with a message that names the run-config key and the allowed values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from flowerdro.settings import Settings, read_settings, setting, unset
 
 DATASETS: tuple[str, ...] = (
     "synthetic", "fashion_mnist", "mnist", "adult", "cifar10", "robust_regression"
@@ -56,76 +57,8 @@ REGRESSION_DATASETS: tuple[str, ...] = ("robust_regression",)
 #: Rows per client of ``robust_regression`` when ``samples-per-client`` is 0 (SCAFF-PD: m_i = 100).
 REGRESSION_DEFAULT_SAMPLES = 100
 
-# dataclass field name -> Flower run-config key (kebab-case)
-_RUN_CONFIG_KEYS: dict[str, str] = {
-    "dataset": "dataset",
-    "partition": "partition",
-    "num_partitions": "num-partitions",
-    "seed": "seed",
-    "data_dir": "data-dir",
-    "dirichlet_alpha": "dirichlet-alpha",
-    "shards_per_client": "shards-per-client",
-    "classes_per_client": "classes-per-client",
-    "reduce_fraction": "reduce-fraction",
-    "reduce_keep": "reduce-keep",
-    "test_mode": "test-mode",
-    "test_fraction": "test-fraction",
-    "samples_per_client": "samples-per-client",
-    "synthetic_alpha": "synthetic-alpha",
-    "synthetic_beta": "synthetic-beta",
-    "synthetic_dim": "synthetic-dim",
-    "synthetic_classes": "synthetic-classes",
-    "synthetic_iid": "synthetic-iid",
-    "regression_dim": "regression-dim",
-    "regression_scale": "regression-scale",
-    "regression_shift": "regression-shift",
-    "affine_shift_lambda_std": "affine-shift-lambda-std",
-    "affine_shift_delta_std": "affine-shift-delta-std",
-}
-
-
-def _as_int(value: Any, name: str) -> int:
-    """Return `value` as an int; integral floats are accepted, bools are not."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got the bool {value!r}")
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"{name} must be an integer, got {value!r}")
-
-
-def _as_float(value: Any, name: str) -> float:
-    """Return `value` as a finite float (ints and numeric strings are accepted)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got the bool {value!r}")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(out):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return out
-
-
-def _as_bool(value: Any, name: str) -> bool:
-    """Return `value` as a bool (accepts bools, 0/1 and 'true'/'false' strings)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(Settings):
     """Which data set, how it is split over clients, and each client's test set.
 
     Frozen and hashable: `load_federated` caches its result per configuration.
@@ -193,135 +126,67 @@ class DataConfig:
         distribution shifts; ‖Λ_i − I‖_F ≈ s_Λ·d and ‖δ_i‖₂ ≈ s_δ·√d). 0 and 0: no shift.
     """
 
-    dataset: str = "synthetic"
-    partition: str = "natural"
-    num_partitions: int = 20
-    seed: int = 0
-    data_dir: str = ""
-    dirichlet_alpha: float = 0.5
-    shards_per_client: int = 2
-    classes_per_client: int = 2
-    reduce_fraction: float = 0.0
-    reduce_keep: float = 1.0
-    test_mode: str = "split"
-    test_fraction: float = 0.2
-    samples_per_client: int = 0
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    synthetic_dim: int = 60
-    synthetic_classes: int = 10
-    synthetic_iid: bool = False
-    regression_dim: int = 10
-    regression_scale: float = 1.0
-    regression_shift: float = 1.0
-    affine_shift_lambda_std: float = 0.0
-    affine_shift_delta_std: float = 0.0
+    dataset: str = setting("synthetic", "the data set", choices=DATASETS)
+    partition: str = setting("natural", "how the training split is divided over the clients", choices=PARTITIONS)
+    num_partitions: int = setting(20, "N, the number of clients (partitions)", ge=1)
+    seed: int = setting(0, "seed of the partition and of generated data (run config: data-seed, else seed)",
+                        key="data-seed", ge=0)
+    data_dir: str = setting("", "folder with the data files (empty: FLOWERDRO_DATA, then the Hugging Face hub)")
+    dirichlet_alpha: float = setting(0.5, "α of the per-class Dirichlet(α·1) split", gt=0)
+    shards_per_client: int = setting(2, "label-sorted shards per client", ge=1)
+    classes_per_client: int = setting(2, "labels per client of the pathological partition", ge=1)
+    reduce_fraction: float = setting(0.0, "fraction of the clients that keep only reduce-keep of their data",
+                                     ge=0, le=1)
+    reduce_keep: float = setting(1.0, "fraction of its training data a reduced client keeps", gt=0, le=1)
+    test_mode: str = setting("split", "a client's test set: split from its partition, or the global test "
+                                      "split with its label mix", choices=TEST_MODES)
+    test_fraction: float = setting(0.2, "fraction of a client's data used for testing", gt=0, lt=1)
+    samples_per_client: int = setting(0, "cap on each client's training set (0: no cap)", ge=0)
+    synthetic_alpha: float = setting(1.0, "α of LEAF's Synthetic(α, β): model heterogeneity", ge=0)
+    synthetic_beta: float = setting(1.0, "β of LEAF's Synthetic(α, β): input heterogeneity", ge=0)
+    synthetic_dim: int = setting(60, "input dimension of the synthetic data", ge=1)
+    synthetic_classes: int = setting(10, "classes of the synthetic data", ge=2)
+    synthetic_iid: bool = setting(False, "one shared model and input mean for all synthetic clients")
+    regression_dim: int = setting(10, "dimension d of robust_regression", ge=1)
+    regression_scale: float = setting(1.0, "c: x̂ ~ N(0, c² I) in robust_regression", ge=0)
+    regression_shift: float = setting(1.0, "σ: the clients' shifts δ_i ~ N(0, σ² I) in robust_regression", ge=0)
+    affine_shift_lambda_std: float = setting(0.0, "s_Λ: every client's inputs become Λ_i x + δ_i with "
+                                                  "Λ_i = I + s_Λ G_i", ge=0)
+    affine_shift_delta_std: float = setting(0.0, "s_δ: δ_i = s_δ g_i of the clients' affine shifts", ge=0)
 
     def __post_init__(self) -> None:
-        """Normalise the field types and validate every field."""
-        set_ = object.__setattr__
-        for f in fields(self):
-            key = _RUN_CONFIG_KEYS[f.name]
-            value = getattr(self, f.name)
-            if f.type in ("int", int):
-                set_(self, f.name, _as_int(value, key))
-            elif f.type in ("float", float):
-                set_(self, f.name, _as_float(value, key))
-            elif f.type in ("bool", bool):
-                set_(self, f.name, _as_bool(value, key))
-            elif not isinstance(value, str):
-                raise ValueError(f"{key} must be a string, got {value!r}")
-        set_(self, "dataset", self.dataset.strip().lower().replace("-", "_"))
-        set_(self, "partition", self.partition.strip().lower())
-        set_(self, "test_mode", self.test_mode.strip().lower())
-        self._validate()
+        """Normalise the names (``fashion-mnist`` → ``fashion_mnist``), then validate every field."""
+        for name in ("dataset", "partition", "test_mode"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = value.strip().lower()
+                object.__setattr__(self, name, value.replace("-", "_") if name == "dataset" else value)
+        super().__post_init__()
 
-    def _validate(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
-        if self.partition not in PARTITIONS:
-            raise ValueError(
-                f"partition must be one of {', '.join(PARTITIONS)}; got {self.partition!r}"
-            )
+    def check(self) -> None:
+        """Checks between fields: the partition fits the data set, the class counts, the test mode."""
         allowed = ALLOWED_PARTITIONS[self.dataset]
         if self.partition not in allowed:
-            hint = (
-                " (use synthetic-iid=true for IID synthetic data)"
-                if self.dataset == "synthetic"
-                else ""
-            )
-            raise ValueError(
-                f"partition {self.partition!r} is not available for dataset "
-                f"{self.dataset!r}; allowed: {', '.join(allowed)}{hint}"
-            )
-        if self.num_partitions < 1:
-            raise ValueError(f"num-partitions must be >= 1, got {self.num_partitions}")
-        if self.partition == "domain" or (self.dataset == "adult" and self.partition == "natural"):
-            if self.num_partitions != 2:
-                raise ValueError(
-                    "num-partitions must be 2 for the adult PhD / non-PhD domain "
-                    f"partition (client 0 = Doctorate, client 1 = the rest), got {self.num_partitions}"
-                )
-        if self.seed < 0:
-            raise ValueError(f"seed (data-seed) must be >= 0, got {self.seed}")
-        if not self.dirichlet_alpha > 0:
-            raise ValueError(f"dirichlet-alpha must be > 0, got {self.dirichlet_alpha}")
-        if self.shards_per_client < 1:
-            raise ValueError(f"shards-per-client must be >= 1, got {self.shards_per_client}")
-        if self.synthetic_alpha < 0:
-            raise ValueError(f"synthetic-alpha must be >= 0, got {self.synthetic_alpha}")
-        if self.synthetic_beta < 0:
-            raise ValueError(f"synthetic-beta must be >= 0, got {self.synthetic_beta}")
-        if self.synthetic_dim < 1:
-            raise ValueError(f"synthetic-dim must be >= 1, got {self.synthetic_dim}")
-        if self.synthetic_classes < 2:
-            raise ValueError(f"synthetic-classes must be >= 2, got {self.synthetic_classes}")
-        if self.regression_dim < 1:
-            raise ValueError(f"regression-dim must be >= 1, got {self.regression_dim}")
-        if not self.regression_scale >= 0:
-            raise ValueError(f"regression-scale must be >= 0, got {self.regression_scale}")
-        if not self.regression_shift >= 0:
-            raise ValueError(f"regression-shift must be >= 0, got {self.regression_shift}")
-        if not self.affine_shift_lambda_std >= 0:
-            raise ValueError(f"affine-shift-lambda-std must be >= 0, got {self.affine_shift_lambda_std}")
-        if not self.affine_shift_delta_std >= 0:
-            raise ValueError(f"affine-shift-delta-std must be >= 0, got {self.affine_shift_delta_std}")
+            hint = " (use synthetic-iid=true for IID synthetic data)" if self.dataset == "synthetic" else ""
+            raise ValueError(f"partition: {self.partition!r} is not available for dataset {self.dataset!r}; "
+                             f"allowed: {', '.join(allowed)}{hint}")
+        if (self.partition == "domain" or (self.dataset == "adult" and self.partition == "natural")) \
+                and self.num_partitions != 2:
+            raise ValueError("num-partitions: must be 2 for the adult PhD / non-PhD domain partition "
+                             f"(client 0 = Doctorate, client 1 = the rest), got {self.num_partitions}")
         if self.dataset in REGRESSION_DATASETS and self.reduce_fraction > 0 and self.reduce_keep < 1:
-            raise ValueError(
-                f"reduce-fraction: not supported for dataset {self.dataset!r} (set "
-                "samples-per-client instead), got reduce-fraction > 0 with reduce-keep < 1"
-            )
+            raise ValueError(f"reduce-fraction: not supported for dataset {self.dataset!r} (set "
+                             "samples-per-client instead), got reduce-fraction > 0 with reduce-keep < 1")
         num_classes = self.num_classes
         if self.dataset not in REGRESSION_DATASETS and not 1 <= self.classes_per_client <= num_classes:
-            raise ValueError(
-                f"classes-per-client must be in [1, {num_classes}] (num_classes of "
-                f"{self.dataset}), got {self.classes_per_client}"
-            )
+            raise ValueError(f"classes-per-client: must be in [1, {num_classes}] (num_classes of "
+                             f"{self.dataset}), got {self.classes_per_client}")
         if self.partition == "one-class" and self.num_partitions > num_classes:
-            raise ValueError(
-                f"partition 'one-class' needs num-partitions <= num_classes: got "
-                f"num-partitions={self.num_partitions} > num_classes={num_classes} "
-                f"for dataset {self.dataset!r}"
-            )
-        if not 0.0 <= self.reduce_fraction <= 1.0:
-            raise ValueError(f"reduce-fraction must be in [0, 1], got {self.reduce_fraction}")
-        if not 0.0 < self.reduce_keep <= 1.0:
-            raise ValueError(f"reduce-keep must be in (0, 1], got {self.reduce_keep}")
-        if self.test_mode not in TEST_MODES:
-            raise ValueError(
-                f"test-mode must be one of {', '.join(TEST_MODES)}; got {self.test_mode!r}"
-            )
+            raise ValueError(f"num-partitions: partition 'one-class' needs num-partitions <= num_classes, got "
+                             f"{self.num_partitions} > {num_classes} for dataset {self.dataset!r}")
         if self.dataset in ("synthetic", *REGRESSION_DATASETS) and self.test_mode != "split":
-            raise ValueError(
-                f"test-mode 'label-mix' needs a global test split, which dataset '{self.dataset}' "
-                f"does not have; allowed for {self.dataset}: split"
-            )
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
-        if self.samples_per_client < 0:
-            raise ValueError(
-                f"samples-per-client must be >= 0 (0 = no cap), got {self.samples_per_client}"
-            )
+            raise ValueError(f"test-mode: 'label-mix' needs a global test split, which dataset '{self.dataset}' "
+                             f"does not have; allowed for {self.dataset}: split")
 
     @property
     def is_regression(self) -> bool:
@@ -368,12 +233,8 @@ class DataConfig:
         """
         if not isinstance(run_config, Mapping):
             raise ValueError(f"run_config must be a mapping, got {type(run_config).__name__}")
-        kwargs: dict[str, Any] = {}
-        for name, key in _RUN_CONFIG_KEYS.items():
-            if key in run_config:
-                kwargs[name] = run_config[key]
-        if "data-seed" in run_config:
-            kwargs["seed"] = run_config["data-seed"]
-        if num_partitions is not None:
-            kwargs["num_partitions"] = num_partitions
-        return cls(**kwargs)
+        config = dict(run_config)
+        if unset(config, "data-seed") and not unset(config, "seed"):
+            config["data-seed"] = config["seed"]
+        fixed = {} if num_partitions is None else {"num_partitions": num_partitions}
+        return read_settings(cls, config, **fixed)
