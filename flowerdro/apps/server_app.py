@@ -16,6 +16,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from flowerdro.runs import Comparison, Plan, RunSettings, run_plans
+from flowerdro.runs.config import check_run_config
 from flowerdro.settings import read_settings
 
 app = ServerApp()
@@ -23,6 +24,7 @@ app = ServerApp()
 
 def run_strategies(grid: Grid, run_config: dict) -> Comparison:
     """Run every strategy named in the run config on ``grid``; return the comparison."""
+    check_run_config(run_config)
     run = read_settings(RunSettings, run_config)
     out_root = Path(run.output_dir)
     seed = int(run_config.get("seed", 0) or 0)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg["num-rounds"] = args.rounds
     if args.strategies:
         wanted = [x.strip() for x in args.strategies.split(",") if x.strip()]
-        unknown = sorted(set(wanted) - {str(x) for x in cfg["strategies"]})
+        unknown = sorted(set(wanted) - {str(x) for x in cfg["strategies"]} - set(cfg.get("strategy", {})))
         if unknown:
             parser.error(f"--strategies: {', '.join(unknown)} not in the config's strategies "
                          f"({', '.join(map(str, cfg['strategies']))})")

@@ -83,11 +83,20 @@ def _validate(config: Mapping[str, Any]) -> None:
         seeds = _names(config, "seeds")
         if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
             raise ValueError(f"seeds: expected a list of integers, got {seeds!r}")
+    from flowerdro.runs.config import check_run_config
+
+    check_run_config(config.get("run-config", {}), where="[run-config]")
+    for label, table in config.get("strategy", {}).items():
+        check_run_config({k: v for k, v in table.items() if k != "strategy"}, where=f"[strategy.{label}]")
     labels = {str(s) for s in _names(config, "strategies")}
-    extra = set(config.get("strategy", {})) - labels
+    extra = sorted(set(config.get("strategy", {})) - labels)
     if extra:
-        raise ValueError(f"strategy: tables [strategy.{sorted(extra)[0]}] name labels that are not in "
-                         f"strategies ({', '.join(sorted(labels))})")
+        from logging import WARNING
+
+        from flwr.common import log
+
+        log(WARNING, "[strategy.%s] is not in strategies (%s); it runs only when --strategies names it",
+            extra[0], ", ".join(sorted(labels)))
 
 
 def plans_of(config: Mapping[str, Any], out_dir: Path | None) -> list[Plan]:
