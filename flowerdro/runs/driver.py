@@ -196,9 +196,9 @@ def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) 
         {"config": _jsonable(config or {}), "seeds": result.seeds, "summaries": result.summaries}, indent=2))
     (out_dir / "table.md").write_text(result.table + "\n")
     try:
-        from flowerdro.plots import plot_history
+        from flowerdro.plots import plot_comparison
 
-        plot_history(result.histories, out_dir / "comparison.png", title=result.name)
+        plot_comparison(result.histories, out_dir / "comparison.png", title=result.name)
     except Exception as exc:  # noqa: BLE001  # a figure never fails a run
         log(WARNING, "could not draw the comparison figure: %s", exc)
 

@@ -154,9 +154,9 @@ class RunWriter:
         if not self.plot:
             return
         try:
-            from flowerdro.plots import plot_history
+            from flowerdro.plots import plot_comparison
 
-            plot_history({strategy.run_name: strategy.history}, self.output_dir / "progress.png",
-                         title=strategy.run_name)
+            plot_comparison({strategy.run_name: strategy.history}, self.output_dir / "progress.png",
+                            title=strategy.run_name)
         except Exception as exc:  # noqa: BLE001  # plotting must never fail a run
             log(WARNING, "[%s] could not draw the plot: %s", strategy.run_name, exc)
