@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Regenerate the run-config key tables of README.md and docs/protocol.md from the settings classes.
+
+Each table sits between ``<!-- keys:NAME -->`` and ``<!-- /keys -->``; NAME is a group of
+:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data) or the name of a
+registered strategy (its own settings). ``--check`` exits 1 when a table is out of date
+(the test suite runs it), without writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = (ROOT / "README.md", ROOT / "docs" / "protocol.md")
+BLOCK = re.compile(r"(<!-- keys:([a-z0-9+-]+) -->\n)(.*?)(<!-- /keys -->)", re.S)
+
+
+def table(name: str) -> str:
+    """The markdown table of the keys of group or strategy ``name``."""
+    from flowerdro.runs.config import settings_groups
+    from flowerdro.settings import describe
+    from flowerdro.strategies.registry import ALGORITHMS
+
+    groups = settings_groups()
+    classes = groups[name] if name in groups else [ALGORITHMS[name].strategy.settings_class]
+    rows = ["| key | meaning | default | allowed |", "|---|---|---|---|"]
+    for cls in classes:
+        for info in describe(cls):
+            default = "unset" if info.default is None else (
+                ",".join(map(str, info.default)) if isinstance(info.default, tuple) else info.default)
+            rows.append(f"| `{info.key}` | {info.meaning} | `{default}` | {info.allowed or info.type} |")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="only report tables that are out of date")
+    args = ap.parse_args()
+    stale = []
+    for path in FILES:
+        text = path.read_text()
+        new = BLOCK.sub(lambda m: m.group(1) + table(m.group(2)) + m.group(4), text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new)
+    if stale:
+        print(("out of date: " if args.check else "updated: ") + ", ".join(map(str, stale)))
+    return 1 if (stale and args.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
