@@ -17,11 +17,15 @@ This module is framework-free (numpy only) and never imports flwr.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 from numpy.typing import ArrayLike
 
 __all__ = [
+    "admit_partitions",
     "floor_simplex",
+    "lambda_entropy",
     "project_capped_simplex",
     "project_simplex",
     "project_simplex_box",
@@ -433,3 +437,25 @@ def floor_simplex(lam: ArrayLike, floor: float) -> np.ndarray:
         out[above] -= excess * out[above] / out[above].sum()
         np.maximum(out, fl, out=out)
     return out
+
+
+def admit_partitions(partitions: Sequence[int], lam: ArrayLike, new: Iterable[int]) -> tuple[list[int], np.ndarray]:
+    """Add partitions heard from for the first time to λ, keeping λ on the simplex.
+
+    Each newcomer, taken in increasing id order, gets weight 1/(N+1) and the existing
+    weights are scaled by N/(N+1); the result is sorted by partition id.
+    """
+    parts, weights = list(partitions), np.asarray(lam, dtype=np.float64)
+    for pid in sorted(new):
+        n = len(parts)
+        weights = np.append(weights * n / (n + 1), 1.0 / (n + 1))
+        parts.append(int(pid))
+    order = np.argsort(parts)
+    return [parts[k] for k in order], weights[order]
+
+
+def lambda_entropy(lam: np.ndarray) -> float:
+    """Shannon entropy −Σ λ_i log λ_i (nats; 0 log 0 = 0); log N for uniform λ."""
+    p = np.asarray(lam, dtype=np.float64)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())

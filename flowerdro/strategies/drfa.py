@@ -127,7 +127,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -143,7 +143,7 @@ from flowerdro.core.dual import (
     drfa_loss_vector,
     drfa_prox_step,
 )
-from flowerdro.core.simplex import floor_simplex
+from flowerdro.core.simplex import admit_partitions, floor_simplex, lambda_entropy
 from flowerdro.strategies.base import (
     NUM_EXAMPLES,
     PARTITION_ID,
@@ -161,11 +161,9 @@ __all__ = [
     "SNAPSHOT_MODES",
     "DUAL_STEP_SCALES",
     "afl",
-    "admit_partitions",
     "aggregation_coefficients",
     "combine_models",
     "dual_step",
-    "lambda_entropy",
     "sample_by_lambda",
     "sample_snapshot_steps",
     "sample_uniform",
@@ -326,31 +324,6 @@ def dual_step(
     if floor > 0.0:
         new = floor_simplex(new, floor)
     return new
-
-
-def admit_partitions(
-    partitions: Sequence[int], lam: np.ndarray, new: Iterable[int], run_name: str = "drfa"
-) -> tuple[list[int], np.ndarray]:
-    """Add partitions heard from for the first time to λ, keeping λ on the simplex.
-
-    Each newcomer, taken in increasing id order, gets weight 1/(N+1) and the existing
-    weights are scaled by N/(N+1); the result is sorted by partition id.
-    """
-    parts, weights = list(partitions), np.asarray(lam, dtype=np.float64)
-    for pid in sorted(new):
-        n = len(parts)
-        weights = np.append(weights * n / (n + 1), 1.0 / (n + 1))
-        parts.append(int(pid))
-        log(INFO, "[%s] partition %d joined: N = %d", run_name, pid, n + 1)
-    order = np.argsort(parts)
-    return [parts[k] for k in order], weights[order]
-
-
-def lambda_entropy(lam: np.ndarray) -> float:
-    """Shannon entropy −Σ λ_i log λ_i (nats; 0 log 0 = 0); log N for uniform λ."""
-    p = np.asarray(lam, dtype=np.float64)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
 
 
 # =========================================================================== the strategy
@@ -609,7 +582,9 @@ class DRFA(FairStrategy):
 
     def _add_partitions(self, new: list[int]) -> None:
         st = self.state
-        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, new, self.run_name)
+        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, new)
+        for pid in sorted(new):
+            log(INFO, "[%s] partition %d joined: N = %d", self.run_name, pid, len(st.partitions))
         self._check_against_n(len(st.partitions))
         if self.lambda_floor > 0:
             st.lam = floor_simplex(st.lam, self.lambda_floor)

@@ -101,6 +101,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flowerdro.core.dual import SCAFFPD_OBJECTIVES, scaffpd_dual_step, scaffpd_extrapolate
+from flowerdro.core.simplex import admit_partitions
 from flowerdro.strategies.base import (
     PARTITION_ID,
     FairStrategy,
@@ -108,7 +109,6 @@ from flowerdro.strategies.base import (
     arrays_to_numpy,
     numpy_to_arrays,
 )
-from flowerdro.strategies.drfa import admit_partitions
 
 QUERY_TYPE, TRAIN_TYPE = "query.loss_grad", "train.scaffpd"
 STEP_RULES: tuple[str, ...] = ("5.1", "5.2")
@@ -352,7 +352,7 @@ class SCAFFPD(FairStrategy):
                 st.lam = np.full(len(pids), 1.0 / len(pids))
                 log(INFO, "[%s] λ initialised uniform over N = %d partitions", self.run_name, len(pids))
             return
-        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, heard - set(st.partitions), self.run_name)
+        st.partitions, st.lam = admit_partitions(st.partitions, st.lam, heard - set(st.partitions))
 
     # ------------------------------------------------------------------ configs
     def _config(self, config: ConfigRecord, server_round: int, *, train: bool) -> ConfigRecord:
