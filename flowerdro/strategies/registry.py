@@ -20,6 +20,7 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
+from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.output import RunWriter
 
 #: Message types every flowerdro server sends, whatever the algorithm.
@@ -40,6 +41,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
     "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
     "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+    "drfa": Algorithm(DRFA, ("train.drfa", "query.loss"), summary="DRFA (Deng, Kamani, Mahdavi 2020)"),
+    "drfa-prox": Algorithm(DRFAProx, ("train.drfa", "query.loss"), summary="DRFA-Prox: DRFA with a regulariser"),
+    "afl": Algorithm(DRFA, ("train.drfa", "query.loss"), fixed={"local_steps": 1},
+                     summary="AFL (Mohri, Sivek, Suresh 2019): DRFA with τ = 1"),
+    "afl-full": Algorithm(DRFA, ("train.drfa", "query.loss"), fixed={"local_steps": 1, "full_participation": True},
+                          summary="AFL with every client in every round"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -59,12 +66,12 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps eval-model evaluate-model gamma global-lr grad-on gram-precision
-graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
-output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta tilt-log-cap topology track-improvement
+adv-eps adv-lr affine-lambda affine-max-dim cvar-alpha dual-lr
+eps eval-model gamma global-lr grad-on gram-precision
+graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-init
+lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
+pgd-step-size pgd-steps primal-lr proximal-mu rho
+server-device server-lr step-rule theta tilt-log-cap topology track-improvement
 """.split())
 
 
@@ -178,86 +185,6 @@ def _dsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     from flowerdro.strategies.drdsgd import dsgd
 
     return dsgd(**_drdsgd_kwargs(s), **_every_device(kw, "dsgd"))
-
-
-# ---------------------------------------------------------------- DRFA / DRFA-Prox / AFL
-def _drfa_kwargs(s: Settings, *, regularizer_default: str, rho_default: float) -> dict[str, Any]:
-    """DRFA hyper-parameters from the run config (keys documented in flowerdro.strategies.drfa)."""
-    from flowerdro.strategies.drfa import (
-        CLIENT_SAMPLINGS,
-        DUAL_STEP_SCALES,
-        LAMBDA_INITS,
-        LOSS_ON,
-        MODEL_CHOICES,
-        REGULARIZERS,
-        SNAPSHOT_MODES,
-    )
-
-    return {
-        "clients_per_round": s.int("clients-per-round", 1, minimum=1) if s.has("clients-per-round") else None,
-        "local_steps": s.int("local-steps", 10, minimum=1),
-        "dual_lr": s.float("dual-lr", 8e-3, positive=True),
-        "regularizer": s.str("regularizer", regularizer_default, choices=REGULARIZERS),
-        "rho": s.float("rho", rho_default, minimum=0.0),
-        "lr": s.float("lr", 0.1, positive=True) if s.has("lr") else None,
-        "batch_size": s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        "sample_with_replacement": s.bool("sample-with-replacement", True),
-        "client_sampling": s.str("client-sampling", "lambda", choices=CLIENT_SAMPLINGS),
-        "snapshot": s.str("snapshot", "shared", choices=SNAPSHOT_MODES),
-        "dual_lr_decay": s.float("dual-lr-decay", 1.0, positive=True, maximum=1.0),
-        "lambda_floor": s.float("lambda-floor", 0.0, minimum=0.0),
-        "dual_step_scale": s.str("dual-step-scale", "paper", choices=DUAL_STEP_SCALES),
-        "lambda_init": s.str("lambda-init", "uniform", choices=LAMBDA_INITS),
-        "output_model": s.str("output-model", "last", choices=MODEL_CHOICES),
-        "evaluate_model": s.str("evaluate-model", "last", choices=MODEL_CHOICES),
-        "query_loss_on": s.str("loss-on", "batch", choices=LOSS_ON),
-        "num_partitions": s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-    }
-
-
-@register("drfa")
-def _drfa(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drfa import DRFA
-
-    return DRFA(**_no_regularizer(_drfa_kwargs(s, regularizer_default="none", rho_default=0.0)), **kw)
-
-
-def _no_regularizer(args: dict[str, Any]) -> dict[str, Any]:
-    """DRFA and AFL have no regulariser whatever the run config says.
-
-    The run config is shared by every strategy of a comparison, so a ``regularizer`` or
-    ``rho`` meant for ``drfa-prox`` must not turn plain DRFA into DRFA-Prox.
-    """
-    return {**args, "regularizer": "none", "rho": 0.0}
-
-
-@register("drfa-prox")
-def _drfa_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.core.dual import DRFA_REGULARIZERS
-    from flowerdro.strategies.drfa import DRFA
-
-    args = _drfa_kwargs(s, regularizer_default="kl", rho_default=0.1)
-    if args["regularizer"] not in DRFA_REGULARIZERS:
-        raise ValueError(f"regularizer: drfa-prox needs one of {', '.join(DRFA_REGULARIZERS)}, "
-                         f"got {args['regularizer']!r} (use strategy 'drfa' for no regulariser)")
-    return DRFA(**args, **kw)
-
-
-@register("afl")
-def _afl(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drfa import DRFA
-
-    return DRFA(**{**_no_regularizer(_drfa_kwargs(s, regularizer_default="none", rho_default=0.0)),
-                   "local_steps": 1}, **kw)
-
-
-@register("afl-full")
-def _afl_full(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drfa import DRFA
-
-    args = {**_no_regularizer(_drfa_kwargs(s, regularizer_default="none", rho_default=0.0)), "local_steps": 1,
-            "full_participation": True}
-    return DRFA(**args, **kw)
 
 
 # ---------------------------------------------------------------- SCAFF-PD / SCAFFOLD

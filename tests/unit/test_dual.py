@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import cvxpy as cp
 import numpy as np
 import pytest
 
+from flowerdro.core.drfa import dual_ascent
 from flowerdro.core.dual import (
     chi2_divergence,
-    drfa_dual_ascent,
-    drfa_loss_vector,
-    drfa_prox_step,
     kl_divergence,
     kl_dro_value,
     kl_dro_weights,
@@ -55,227 +51,6 @@ def _random_case(rng: np.random.Generator, k: int):
     tau = int(rng.integers(1, 20))
     gamma = float(10 ** rng.uniform(-3, 0))
     return lam, v, tau, gamma
-
-
-# ----------------------------------------------------------------------- loss vector
-def test_drfa_loss_vector_hand_example() -> None:
-    # N = 4, m = 3, client 1 drawn twice: v_1 = (4/3)(0.5 + 0.5), v_3 = (4/3) 2.
-    np.testing.assert_allclose(
-        drfa_loss_vector(4, [1, 3, 1], [0.5, 2.0, 0.5]), [0.0, 4 / 3, 0.0, 8 / 3]
-    )
-    np.testing.assert_allclose(drfa_loss_vector(1, [0], [0.7]), [0.7])
-
-
-def test_drfa_loss_vector_is_unbiased_by_enumeration() -> None:
-    # E_U[v] over all N^m equally likely ordered draws equals the full loss vector.
-    rng = np.random.default_rng(10)
-    for n, m in [(3, 2), (4, 3), (2, 4), (5, 1)]:
-        f = rng.exponential(size=n)
-        mean = np.zeros(n)
-        for draw in itertools.product(range(n), repeat=m):
-            mean += drfa_loss_vector(n, list(draw), f[list(draw)])
-        np.testing.assert_allclose(mean / n**m, f, rtol=1e-12)
-
-
-def test_drfa_loss_vector_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="num_clients must be an integer >= 1"):
-        drfa_loss_vector(0, [0], [1.0])
-    with pytest.raises(ValueError, match="num_clients must be an integer >= 1"):
-        drfa_loss_vector(2.5, [0], [1.0])
-    with pytest.raises(ValueError, match=r"sampled_ids must be in \[0, num_clients\)"):
-        drfa_loss_vector(3, [0, 3], [1.0, 1.0])
-    with pytest.raises(ValueError, match="sampled_ids must be a non-empty"):
-        drfa_loss_vector(3, [], [])
-    with pytest.raises(ValueError, match="losses must have one entry per sampled id"):
-        drfa_loss_vector(3, [0, 1], [1.0])
-    with pytest.raises(ValueError, match="losses must be finite"):
-        drfa_loss_vector(3, [0], [np.nan])
-
-
-# ---------------------------------------------------------------------- dual ascent
-def test_drfa_dual_ascent_matches_cvxpy() -> None:
-    # argmax_u <tau gamma v, u> - 1/2 ||u - lam||^2 over the simplex (or capped simplex).
-    rng = np.random.default_rng(11)
-    for k in range(N_RANDOM):
-        lam, v, tau, gamma = _random_case(rng, k)
-        n = lam.size
-        cap = None if k % 2 else 1.0 / (float(rng.uniform(0.1, 1.0)) * n)
-        ours = drfa_dual_ascent(lam, v, tau, gamma, cap=cap)
-        u = cp.Variable(n)
-        cons = [u >= 0, cp.sum(u) == 1] + ([] if cap is None else [u <= cap])
-        prob = cp.Problem(cp.Maximize(tau * gamma * v @ u - 0.5 * cp.sum_squares(u - lam)), cons)
-        _solve(prob)
-
-        def obj(x, lam=lam, v=v, tau=tau, gamma=gamma):
-            return tau * gamma * v @ x - 0.5 * np.sum((x - lam) ** 2)
-
-        _on_simplex(ours)
-        if cap is not None:
-            assert ours.max() <= cap + CON_ATOL
-        _close_max(obj(ours), obj(u.value), ours, u.value)
-
-
-def test_drfa_dual_ascent_hand_example_and_fixed_point() -> None:
-    # (0.5, 0.5) + 1 * 0.2 * (1, 0) = (0.7, 0.5); theta = 0.1.
-    np.testing.assert_allclose(drfa_dual_ascent([0.5, 0.5], [1.0, 0.0], 1, 0.2), [0.6, 0.4])
-    # Equal losses move nothing.
-    lam = np.array([0.2, 0.3, 0.5])
-    np.testing.assert_allclose(drfa_dual_ascent(lam, np.full(3, 7.0), 5, 0.1), lam, atol=1e-15)
-    # Huge losses: all mass on the worst client.
-    np.testing.assert_allclose(drfa_dual_ascent(lam, [1e12, 0.0, 0.0], 1, 1.0), [1.0, 0.0, 0.0])
-
-
-def test_drfa_dual_ascent_rejects_bad_input() -> None:
-    lam, v = [0.5, 0.5], [1.0, 0.0]
-    with pytest.raises(ValueError, match=r"tau must be >= 1"):
-        drfa_dual_ascent(lam, v, 0.5, 0.1)
-    with pytest.raises(ValueError, match=r"gamma must be > 0"):
-        drfa_dual_ascent(lam, v, 1, 0.0)
-    with pytest.raises(ValueError, match=r"gamma must be a finite real number"):
-        drfa_dual_ascent(lam, v, 1, np.inf)
-    with pytest.raises(ValueError, match="lam must lie on the probability simplex"):
-        drfa_dual_ascent([0.7, 0.7], v, 1, 0.1)
-    with pytest.raises(ValueError, match="v must have the same length as lam"):
-        drfa_dual_ascent(lam, [1.0], 1, 0.1)
-    with pytest.raises(ValueError, match=r"cap must satisfy cap\*N >= 1"):
-        drfa_dual_ascent(lam, v, 1, 0.1, cap=0.2)
-
-
-# ------------------------------------------------------------------------ DRFA-Prox
-def _cvx_prox(lam, v, tau, gamma, regularizer, rho):
-    """max_u tau g(u) - 1/(2 gamma) ||lam + gamma tau v - u||^2 over the simplex, by cvxpy."""
-    n = lam.size
-    y = lam + gamma * tau * v
-    u = cp.Variable(n)
-    if regularizer == "l2":
-        g = -(rho / 2) * cp.sum_squares(u - 1.0 / n)
-    elif regularizer == "chi2":
-        g = -rho * cp.sum_squares(n * u - 1) / (2 * n)
-    else:  # sum u_i log(N u_i) = -sum entr(u) + log(N) sum u
-        g = -rho * (cp.sum(-cp.entr(u)) + np.log(n) * cp.sum(u))
-    prob = cp.Problem(
-        cp.Maximize(tau * g - cp.sum_squares(y - u) / (2 * gamma)), [u >= 0, cp.sum(u) == 1]
-    )
-    _solve(prob)
-    return np.asarray(u.value)
-
-
-def _prox_objective(x, lam, v, tau, gamma, regularizer, rho):
-    """The DRFA-Prox objective evaluated in numpy (0 log 0 = 0)."""
-    n = x.size
-    x = np.maximum(x, 0.0)
-    if regularizer == "l2":
-        g = -(rho / 2) * np.sum((x - 1.0 / n) ** 2)
-    elif regularizer == "chi2":
-        g = -rho * np.sum((n * x - 1) ** 2) / (2 * n)
-    else:
-        g = -rho * np.sum(np.where(x > 0, x * np.log(np.where(x > 0, n * x, 1.0)), 0.0))
-    return tau * g - np.sum((lam + gamma * tau * v - x) ** 2) / (2 * gamma)
-
-
-@pytest.mark.parametrize("regularizer", ["l2", "chi2", "kl"])
-def test_drfa_prox_step_matches_cvxpy(regularizer) -> None:
-    rng = np.random.default_rng({"l2": 12, "chi2": 13, "kl": 14}[regularizer])
-    for k in range(N_RANDOM):
-        lam, v, tau, gamma = _random_case(rng, k)
-        rho = float(10 ** rng.uniform(-2, 1))
-        ours = drfa_prox_step(lam, v, tau, gamma, regularizer, rho)
-        ref = _cvx_prox(lam, v, tau, gamma, regularizer, rho)
-        _on_simplex(ours)
-        args = (lam, v, tau, gamma, regularizer, rho)
-        _close_max(_prox_objective(ours, *args), _prox_objective(ref, *args), ours, ref)
-
-
-def test_drfa_prox_step_closed_forms_by_hand() -> None:
-    # l2: y = (1.5, 0.5), kappa = 1 -> (y + 0.5)/2 = (1, 0.5) -> project -> (0.75, 0.25).
-    np.testing.assert_allclose(
-        drfa_prox_step([0.5, 0.5], [1.0, 0.0], 1, 1.0, "l2", 1.0), [0.75, 0.25]
-    )
-    # chi2 with N = 2 is l2 with 2 rho: (y + 1)/3 = (5/6, 1/2) -> project -> (2/3, 1/3).
-    np.testing.assert_allclose(
-        drfa_prox_step([0.5, 0.5], [1.0, 0.0], 1, 1.0, "chi2", 1.0), [2 / 3, 1 / 3]
-    )
-    # KL, N = 2, symmetric y: the uniform point is stationary.
-    np.testing.assert_allclose(
-        drfa_prox_step([0.5, 0.5], [3.0, 3.0], 2, 0.1, "kl", 5.0), [0.5, 0.5], atol=1e-15
-    )
-
-
-@pytest.mark.parametrize("regularizer", ["l2", "chi2", "kl"])
-def test_drfa_prox_step_rho_zero_is_plain_ascent(regularizer) -> None:
-    rng = np.random.default_rng(15)
-    for k in range(N_RANDOM):
-        lam, v, tau, gamma = _random_case(rng, k)
-        np.testing.assert_array_equal(
-            drfa_prox_step(lam, v, tau, gamma, regularizer, 0.0),
-            drfa_dual_ascent(lam, v, tau, gamma),
-        )
-
-
-@pytest.mark.parametrize("regularizer", ["l2", "chi2", "kl"])
-def test_drfa_prox_step_limits_in_rho(regularizer) -> None:
-    rng = np.random.default_rng(16)
-    for k in range(N_RANDOM):
-        lam, v, tau, gamma = _random_case(rng, k)
-        n = lam.size
-        # Huge rho: the regulariser pins the uniform point.
-        np.testing.assert_allclose(
-            drfa_prox_step(lam, v, tau, gamma, regularizer, 1e12), np.full(n, 1.0 / n), atol=1e-9
-        )
-        np.testing.assert_allclose(
-            drfa_prox_step(lam, v, tau, gamma, regularizer, 1e300), np.full(n, 1.0 / n), atol=1e-9
-        )
-        # Tiny rho: the plain ascent step (KL moves it by O(kappa log(1/kappa))).
-        np.testing.assert_allclose(
-            drfa_prox_step(lam, v, tau, gamma, regularizer, 1e-14),
-            drfa_dual_ascent(lam, v, tau, gamma),
-            atol=1e-9,
-        )
-        tiny = drfa_prox_step(lam, v, tau, gamma, regularizer, 1e-305)
-        np.testing.assert_allclose(tiny, drfa_dual_ascent(lam, v, tau, gamma), atol=1e-12)
-
-
-def test_drfa_prox_step_kl_kkt_conditions() -> None:
-    # Optimality of min_u kappa sum u log(N u) + 1/2 ||u - y||^2 over the simplex
-    # (kappa = gamma tau rho): u > 0, sum u = 1 and the stationarity residual
-    # kappa (log(N u_i) + 1) + u_i - y_i equals the same -nu for every i.
-    rng = np.random.default_rng(17)
-    for k in range(N_RANDOM):
-        n = int(rng.integers(2, 40))
-        lam = rng.dirichlet(np.ones(n))
-        v = rng.normal(size=n) * [0.1, 1.0, 10.0][k % 3]
-        tau = int(rng.integers(1, 10))
-        gamma = float(10 ** rng.uniform(-3, 0))
-        rho = float(10 ** rng.uniform(-4, 6))
-        u = drfa_prox_step(lam, v, tau, gamma, "kl", rho)
-        kappa = gamma * tau * rho
-        y = lam + gamma * tau * v
-        assert abs(u.sum() - 1.0) <= 1e-12
-        if kappa >= 1e-2:  # otherwise entries may underflow to 0 (exp(-1/kappa))
-            assert u.min() > 0.0
-        pos = u > 1e-250
-        resid = kappa * (np.log(n * u[pos]) + 1.0) + u[pos] - y[pos]
-        scale = 1.0 + kappa + np.abs(y).max()
-        assert np.ptp(resid) <= 1e-10 * scale, (kappa, np.ptp(resid))
-        # An entry that underflowed to u_i < 1e-250 must satisfy the same stationarity
-        # equation with log(N u_i) < log(N 1e-250), i.e. y_i lies far below the others.
-        if (~pos).any():
-            bound = kappa * (np.log(n * 1e-250) + 1.0) + 1e-250 - resid.mean()
-            assert np.all(y[~pos] <= bound + 1e-10 * scale)
-
-
-def test_drfa_prox_step_rejects_bad_input() -> None:
-    lam, v = [0.5, 0.5], [1.0, 0.0]
-    with pytest.raises(ValueError, match=r"rho must be >= 0"):
-        drfa_prox_step(lam, v, 1, 0.1, "kl", -1.0)
-    with pytest.raises(ValueError, match=r"gamma must be > 0"):
-        drfa_prox_step(lam, v, 1, -0.1, "kl", 1.0)
-    with pytest.raises(ValueError, match=r"tau must be >= 1"):
-        drfa_prox_step(lam, v, 0, 0.1, "kl", 1.0)
-    with pytest.raises(ValueError, match=r"regularizer must be one of 'kl', 'chi2', 'l2'"):
-        drfa_prox_step(lam, v, 1, 0.1, "entropy", 1.0)
-    with pytest.raises(ValueError, match="lam must lie on the probability simplex"):
-        drfa_prox_step([1.0, 1.0], v, 1, 0.1, "l2", 1.0)
 
 
 # ------------------------------------------------------------------------ SCAFF-PD
@@ -331,7 +106,7 @@ def test_scaffpd_dual_step_special_cases() -> None:
             scaffpd_dual_step(lam, s, 0.3, "cvar", alpha=1.0), np.full(n, 1.0 / n)
         )
         # AFL step is the DRFA ascent with tau gamma = sigma.
-        np.testing.assert_allclose(afl, drfa_dual_ascent(lam, s, 1, 0.3), atol=1e-15)
+        np.testing.assert_allclose(afl, dual_ascent(lam, s, 1, 0.3), atol=1e-15)
     # By hand: (0.5, 0.5) + 0.2 (1, 0) = (0.6, 0.5) -> (0.55, 0.45).
     np.testing.assert_allclose(scaffpd_dual_step([0.5, 0.5], [1.0, 0.0], 0.1, "afl"), [0.55, 0.45])
     # chi2, N = 2, sigma = rho = 1: (y + 1)/3 with y = (1.5, 0.5) -> (5/6, 1/2) -> (2/3, 1/3).
