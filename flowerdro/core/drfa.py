@@ -56,7 +56,7 @@ REGULARIZERS: tuple[str, ...] = ("kl", "chi2", "l2")
 DUAL_STEP_SCALES: tuple[str, ...] = ("paper", "public")
 #: How D(s) was drawn, which decides the unbiased aggregation weights.
 DESIGNS: tuple[str, ...] = ("lambda", "lambda-successive", "uniform", "full")
-#: κ of :func:`default_dual_lr`: γ = κ m / N².
+#: κ of :func:`default_dual_lr`: γ = κ min(m, N) / N².
 RELATIVE_DUAL_STEP = 0.16
 
 
@@ -476,16 +476,17 @@ def dual_step(
 
 
 def default_dual_lr(num_clients: int, num_draws: int) -> float:
-    r"""γ when none is given: γ = κ m / N² with κ = :data:`RELATIVE_DUAL_STEP` = 0.16.
+    r"""γ when none is given: γ = κ min(m, N) / N² with κ = :data:`RELATIVE_DUAL_STEP` = 0.16.
 
-    λ's entries are of size 1/N, and v is sparse: a client drawn into U has
-    v_i = (N/m) f_i, so the ascent moves its weight by τγ(N/m) f_i, i.e. by
-    τγ (N²/m) f_i in units of the uniform weight 1/N. A fixed γ makes that relative move
-    grow with N²/m: with τ = 10, the γ that moves a drawn client by 160 % of its weight
-    per unit of loss at N = 10, m = 5 moves it by 160,000 % at N = 1000, m = 50, and the
-    projection leaves λ on one or a few clients after one round. γ = κ m / N² keeps the relative move
-    at κτ f_i whatever N and m (and the mean pull on an undrawn client at κτ f̄ m/N of its
-    weight); κ = 0.16 gives γ = 8e-3 at N = 10, m = 5.
+    λ's entries are of size 1/N, and v is sparse: each draw of client i into U adds
+    (N/m) f_i to v_i, so the ascent moves λ_i by τγ(N/m) f_i per draw, i.e. by
+    τγ (N²/m) f_i in units of the uniform weight 1/N; on average (E[v] = f) it moves λ_i
+    by τγ N f_i in those units. A fixed γ makes the first of these grow with N²/m: with
+    τ = 10, the γ that moves a drawn client by 160 % of its weight per unit of loss at
+    N = 10, m = 5 moves it by 160,000 % at N = 1000, m = 50, and the projection leaves λ
+    on one or a few clients after one round. With γ = κ min(m, N)/N² the larger of the two
+    relative moves is κτ f_i whatever N and m (per draw when m ≤ N, on average when
+    m > N); κ = 0.16 gives γ = 8e-3 at N = 10, m = 5.
 
     Parameters
     ----------
@@ -506,4 +507,4 @@ def default_dual_lr(num_clients: int, num_draws: int) -> float:
     """
     if num_clients < 1 or num_draws < 1:
         raise ValueError(f"num_clients and num_draws must be >= 1, got {num_clients} and {num_draws}")
-    return RELATIVE_DUAL_STEP * num_draws / num_clients**2
+    return RELATIVE_DUAL_STEP * min(num_draws, num_clients) / num_clients**2

@@ -35,9 +35,10 @@ w̄(s) (the paper averages every local step's virtual iterate; the server sees w
 
 Choices
 -------
-* γ [``dual-lr``]: unset, γ = 0.16·m/N² (:func:`~flowerdro.core.drfa.default_dual_lr`),
-  fixed when N becomes known: the relative move of a drawn client's weight,
-  τγ(N²/m)f_i, is then the same at every N and m. A given value is used as is.
+* γ [``dual-lr``]: unset, γ = 0.16·min(m, N)/N² (:func:`~flowerdro.core.drfa.default_dual_lr`),
+  fixed when N becomes known: the λ step moves a drawn client's weight by τγ(N²/m)f_i
+  per draw in units of 1/N, and γ ∝ m/N² keeps that move (at most 1.6·f_i with τ = 10)
+  the same at every N and m. A given value is used as is.
 * Without replacement, D(s) is drawn successively by λ and averaged with Des Raj's
   ordered weights, which are unbiased for Σ_i λ_i w_i (the plain mean over such a sample
   is not: λ = (0.7, 0.1, 0.1, 0.1), m = 2 gives the mean the weights (7/15, 8/45, 8/45,
@@ -104,8 +105,8 @@ class DRFASettings(Settings):
 
     clients_per_round: int | None = setting(None, "m, clients drawn per round (unset: fraction-train·N, at "
                                                   "least min-train-nodes)", ge=1)
-    dual_lr: float | None = setting(None, "γ, the dual step size (unset: 0.16·m/N², the same relative "
-                                          "λ step at every N and m)", gt=0)
+    dual_lr: float | None = setting(None, "γ, the dual step size (unset: 0.16·min(m, N)/N², the same "
+                                          "relative λ step at every N and m)", gt=0)
     sample_with_replacement: bool = setting(True, "draw D(s) with replacement (the paper); without, the "
                                                   "average uses Des Raj's unbiased weights")
     client_sampling: str = setting("lambda", "D(s) drawn by λ and averaged (lambda), or drawn uniformly with "

@@ -355,9 +355,19 @@ def test_public_dual_step_scale_drops_tau_n_over_m():
 
 
 # ---------------------------------------------------------------------- default γ
+def test_default_dual_lr_bounds_the_expected_relative_move_when_m_exceeds_n():
+    # m > N draws with replacement: E[v] = f, so the mean step is τγf and, in units of 1/N,
+    # τγNf; averaged over the N^m equally likely U it is κτf for the default γ = κ/N.
+    n, m, tau = 3, 5, 2
+    f = np.array([0.5, 1.0, 2.0])
+    gamma = default_dual_lr(n, m)
+    mean = sum(tau * gamma * loss_vector(n, list(u), f[list(u)]) for u in itertools.product(range(n), repeat=m))
+    np.testing.assert_allclose(n * mean / n**m, 0.16 * tau * f, rtol=1e-12)  # float64 sum of 243 terms
+
 def test_default_dual_lr_by_hand():
     assert default_dual_lr(10, 5) == pytest.approx(8e-3, rel=1e-15)
     assert default_dual_lr(1000, 50) == pytest.approx(8e-6, rel=1e-15)
+    assert default_dual_lr(4, 6) == default_dual_lr(4, 4) == pytest.approx(0.04, rel=1e-15)
     with pytest.raises(ValueError, match="num_draws"):
         default_dual_lr(10, 0)
 

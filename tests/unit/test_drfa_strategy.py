@@ -317,7 +317,8 @@ def test_a_round_without_a_new_model_neither_decays_gamma_nor_enters_the_average
 
 def test_default_dual_lr_is_scaled_by_m_over_n_squared_and_a_given_one_is_kept():
     cases = [({"clients_per_round": 4}, 0.16 * 4 / 20**2), ({"fraction_train": 0.25}, 0.16 * 5 / 20**2),
-             ({"clients_per_round": 4, "dual_lr": 0.05}, 0.05), ({"full_participation": True}, 0.16 / 20)]
+             ({"clients_per_round": 4, "dual_lr": 0.05}, 0.05), ({"full_participation": True}, 0.16 / 20),
+             ({"clients_per_round": 30}, 0.16 / 20)]
     for kwargs, gamma in cases:
         _, grid, _ = _fake(20)
         st = DRFA(seed=0, fraction_evaluate=0.0, **kwargs)
