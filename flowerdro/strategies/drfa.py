@@ -221,6 +221,12 @@ class DRFA(FairStrategy):
         """The regulariser g and its ρ (none for DRFA and AFL)."""
         return "none", 0.0
 
+    def settings(self) -> dict[str, Any]:
+        """The base's settings and the regulariser of the λ step (``"none"`` for DRFA and AFL)."""
+        out = super().settings()
+        out["regularizer"], out["rho"] = self.regularizer()
+        return out
+
     def num_sampled(self, n: int) -> int:
         """m for N = ``n`` clients: ``clients-per-round``, else the loop's fraction rule (N with full participation)."""
         if self.config.full_participation:
