@@ -58,7 +58,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flowerdro.core.gossip import average_models, consensus_distance, edges_used, mix, spectral_gap_rho
+from flowerdro.core.gossip import (
+    average_models,
+    consensus_distance,
+    edges_used,
+    mix,
+    spectral_gap_rho,
+)
 from flowerdro.core.graphs import TOPOLOGIES, GraphSchedule
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MAX_LOG_CAP, MIN_LOG_CAP, log_cap_from_max_weight
 from flowerdro.protocol import NUM_EXAMPLES
@@ -99,8 +105,11 @@ class GossipSettings(Settings):
 
     def graph_params(self) -> dict[str, Any]:
         """The keyword arguments of :func:`flowerdro.core.graphs.make_graph` for this topology."""
-        return {"erdos_renyi": {"p": self.graph_p}, "geometric": {"radius": self.graph_radius},
-                "grid": {"rows": self.graph_rows} if self.graph_rows else {}}.get(self.topology, {})
+        if self.topology == "erdos_renyi":
+            return {"p": self.graph_p}
+        if self.topology == "geometric":
+            return {"radius": self.graph_radius}
+        return {"rows": self.graph_rows} if self.topology == "grid" and self.graph_rows else {}
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,7 @@ class DRDSGD(FairStrategy):
     settings_class: ClassVar[type[Settings]] = DRDSGDSettings
     #: Tilted steps (True) or plain SGD steps (False, DSGD).
     robust: ClassVar[bool] = True
+    config: GossipSettings
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -176,11 +186,18 @@ class DRDSGD(FairStrategy):
         self._schedule: GraphSchedule | None = None
         if self.config.num_partitions is not None:
             self._schedule_for(self.config.num_partitions)  # a graph that cannot be built fails here
-        if self.robust and self.config.log_cap < DEFAULT_LOG_CAP:
+        if self.robust and self.tilt.log_cap < DEFAULT_LOG_CAP:
             log(WARNING, "[%s] h/mu capped at %.4g (tilt-log-cap %.4g): a safeguard, not in the paper",
-                self.run_name, math.exp(self.config.log_cap), self.config.log_cap)
+                self.run_name, math.exp(self.tilt.log_cap), self.tilt.log_cap)
         self.state = GossipState()
         self._extras: dict[str, Any] = {}
+
+    @property
+    def tilt(self) -> DRDSGDSettings:
+        """The tilted step's settings μ and cap (DR-DSGD only)."""
+        if not isinstance(self.config, DRDSGDSettings):
+            raise AttributeError(f"{self.name} takes no tilted steps")
+        return self.config
 
     # ------------------------------------------------------------------ graph
     def _schedule_for(self, num_devices: int) -> GraphSchedule:
@@ -208,9 +225,9 @@ class DRDSGD(FairStrategy):
         out["algorithm"] = "DR-DSGD" if self.robust else "DSGD"
         out["graph_seed"] = self.graph_seed
         if self.robust:
-            out["tilt_log_cap"] = self.config.log_cap
-            out["max_tilt_weight"] = math.exp(self.config.log_cap)
-            out["tilt_cap_departs_from_paper"] = self.config.log_cap < DEFAULT_LOG_CAP
+            out["tilt_log_cap"] = self.tilt.log_cap
+            out["max_tilt_weight"] = math.exp(self.tilt.log_cap)
+            out["tilt_cap_departs_from_paper"] = self.tilt.log_cap < DEFAULT_LOG_CAP
         if self._schedule is not None and not self.config.graph_resample:
             out["rho"] = spectral_gap_rho(self._schedule.mixing_matrix(0))
         return out
@@ -262,8 +279,8 @@ class DRDSGD(FairStrategy):
         cfg["local-steps"] = self.config.steps_per_gossip  # whatever the run's local-steps says
         cfg.pop("local-epochs", None)
         if self.robust:
-            cfg["mu"] = self.config.mu
-            cfg["tilt-log-cap"] = self.config.log_cap
+            cfg["mu"] = self.tilt.mu
+            cfg["tilt-log-cap"] = self.tilt.log_cap
         return cfg
 
     def _device_of(self, node_id: int) -> int:
@@ -296,10 +313,10 @@ class DRDSGD(FairStrategy):
         """Node id → device for every connected node that serves a device (new nodes asked first)."""
         connected = self.nodes(grid)
         self._discover(grid, [n for n in connected if self.partition(n) is None])
-        out = {}
+        out: dict[int, int] = {}
         for nid in connected:
             pid = self.partition(nid)
-            if pid in self.state.models:
+            if pid is not None and pid in self.state.models:
                 out[nid] = pid
         return out
 

@@ -32,9 +32,10 @@ class ScriptGrid(Grid):
         self,
         deltas: dict[int, np.ndarray],
         fail: Callable[[int, int], bool] = lambda pid, rnd: False,
+        reply_dtype: dict[int, type] | None = None,
     ):
         ensure_task_identity()
-        self.deltas, self.fail = deltas, fail
+        self.deltas, self.fail, self.reply_dtype = deltas, fail, reply_dtype or {}
         self.node_ids = [
             1000 + 7 * (len(deltas) - k) for k in range(len(deltas))
         ]  # reverse of partition order
@@ -82,7 +83,8 @@ class ScriptGrid(Grid):
                         Message(error=Error(code=1, reason="scripted failure"), reply_to=msg)
                     )
                     continue
-                arrays = ArrayRecord({"w": Array((theta + self.deltas[pid]).astype(theta.dtype))})
+                dtype = self.reply_dtype.get(pid, theta.dtype)
+                arrays = ArrayRecord({"w": Array((theta.astype(dtype) + self.deltas[pid]).astype(dtype))})
                 metrics = MetricRecord(
                     {
                         "num-examples": 10,
@@ -548,6 +550,9 @@ def test_resampled_graph_changes_and_logs_expected_rho():
         ({"graph-p": 0.01, "num-partitions": 40}, "disconnected"),
         ({"topology": "geometric", "graph-radius": 0.01, "num-partitions": 30}, "disconnected"),
         ({"graph-seed": -1}, "graph-seed"),
+        ({"lr": -0.1}, "lr"),
+        ({"steps-per-gossip": 1.5}, "steps-per-gossip"),
+        ({"eval-model": "mean"}, "eval-model.*allowed: own, average"),
     ],
 )
 def test_bad_settings_are_named(extra, match):
@@ -583,3 +588,83 @@ def test_more_nodes_than_devices_is_refused(synth_rc):
     strategy = DRDSGD(mu=1.0, topology="ring", num_partitions=3)
     with pytest.raises(ValueError, match="num-partitions"):
         strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+
+
+# --------------------------------------------------------------------------- reliability
+def test_device_models_keep_their_dtype_when_a_client_replies_float64():
+    # Prepare: float32 models on a ring of 5; device 2 answers in float64 every round.
+    K = 5
+    deltas = {i: np.array([0.5 * i, 1.0], dtype=np.float64) for i in range(K)}
+    grid = ScriptGrid(deltas, reply_dtype={2: np.float64})
+    strategy = _ring_strategy(K)
+    init = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+    # Execute
+    res = strategy.start(grid, init, num_rounds=3, timeout=10)
+    # Assert: every device model, every model sent and the reported model stay float32 ...
+    assert {m[0].dtype for m in strategy.state.models.values()} == {np.dtype(np.float32)}
+    assert {th.dtype for _, _, _, th in grid.received} == {np.dtype(np.float32)}
+    assert res.arrays["w"].numpy().dtype == np.float32
+    assert len({r["bytes_sent"] for r in strategy.history}) == 1
+    # ... with the values of the gossip worked out by hand (float32 rounding: 6e-8 relative)
+    D = np.stack([deltas[i] for i in range(K)])
+    theta = np.zeros((K, 2))
+    for _ in range(3):
+        theta = _ring_by_hand(theta + D)
+    for i in range(K):
+        np.testing.assert_allclose(strategy.device_model(i)["w"].numpy(), theta[i], rtol=1e-6)
+
+
+class _RestartingGrid(InProcessGrid):
+    """Partition ``restart`` goes away after round ``down`` and comes back on a new node id after ``up``."""
+
+    def __init__(self, *args, restart: int, down: int, up: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.restart, self.down, self.up = restart, down, up
+        self.old_id = self.node_ids[restart]
+        self.new_id = self.old_id + 1_000_000
+        self.sent: list[Message] = []
+
+    def on_round(self, rnd: int) -> None:
+        if rnd == self.down + 1:
+            self.node_ids = [n for n in self.node_ids if n != self.old_id]
+        if rnd == self.up + 1:
+            from flwr.app import Context
+
+            ctx = self.contexts[self.old_id]
+            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
+                                                 state=ctx.state, run_config=ctx.run_config)
+            self.partition_of_node[self.new_id] = self.restart
+            self.node_ids = sorted([*self.node_ids, self.new_id])
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+        messages = list(messages)
+        self.sent.extend(messages)
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+@pytest.mark.parametrize("up", [1, 2])
+def test_a_restarted_node_takes_its_partitions_place(synth_rc, up):
+    # Prepare: 4 real clients on a ring; partition 1's node dies after round 1 and comes back
+    # on a new node id after round `up` (up = 1: at once; up = 2: one round away).
+    K, rc = 4, {**synth_rc, "mu": 2.0, "topology": "ring", "num-partitions": 4}
+    grid = _RestartingGrid(client_app, K, rc, restart=1, down=1, up=up)
+    strategy = build_strategy("drdsgd", rc)
+    snapshots: list[dict[int, list[np.ndarray]]] = []
+    strategy.add_round_callback(lambda rec: snapshots.append(
+        {p: [a.copy() for a in m] for p, m in strategy.state.models.items()}))
+    strategy.add_round_callback(lambda rec: grid.on_round(rec["round"] + 1))
+    # Execute
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=4, timeout=60, train_config=client_config(rc))
+    # Assert: the new node is partition 1 and got partition 1's own model θ_1 in its first training
+    assert strategy.partition(grid.new_id) == 1 and strategy.partition(grid.old_id) is None
+    first = next(m for m in grid.sent if m.metadata.message_type == "train.drdsgd"
+                 and int(m.metadata.dst_node_id) == grid.new_id)
+    assert int(first.content["config"]["server-round"]) == up + 1
+    before = snapshots[up - 1][1]  # θ_1 after round `up`
+    for k, a in zip(strategy.state.keys, before, strict=True):
+        np.testing.assert_array_equal(first.content["arrays"][k].numpy(), a)
+    # partition 1 trains and is evaluated again from then on; while it was away it is reported missing
+    assert [sorted(r["log_tilt_weight"]) for r in strategy.history][up:] == [["0", "1", "2", "3"]] * (4 - up)
+    assert [sorted(r["client_acc"]) for r in strategy.history][up:] == [["0", "1", "2", "3"]] * (4 - up)
+    assert [r["missing"] for r in strategy.history] == [{}] + [{"1": "node gone"}] * (up - 1) + [{}] * (4 - up)
+    assert strategy.state.order == [0, 1, 2, 3] and not any(r["failures"] for r in strategy.history)
