@@ -668,3 +668,19 @@ def test_a_restarted_node_takes_its_partitions_place(synth_rc, up):
     assert [sorted(r["client_acc"]) for r in strategy.history][up:] == [["0", "1", "2", "3"]] * (4 - up)
     assert [r["missing"] for r in strategy.history] == [{}] + [{"1": "node gone"}] * (up - 1) + [{}] * (4 - up)
     assert strategy.state.order == [0, 1, 2, 3] and not any(r["failures"] for r in strategy.history)
+
+
+def test_a_device_silent_in_the_first_round_is_asked_its_partition_and_keeps_its_row(synth_rc):
+    # Prepare: partition 2 fails its first training, before the server has heard its partition id
+    K, rc = 4, {**synth_rc, "mu": 2.0, "topology": "ring", "num-partitions": 4}
+    grid = InProcessGrid(client_app, K, rc, faults={2: Fault("raise", message_types=("train",), rounds=(1,))})
+    strategy = build_strategy("drdsgd", rc)
+    init = initial_arrays(grid, rc, 60)
+    # Execute
+    strategy.start(grid, init, num_rounds=1, timeout=60, train_config=client_config(rc))
+    # Assert: the silent node was asked its partition, so the rows of W are partitions 0..3,
+    # and the failure is attributed to the real node
+    assert strategy.state.order == [0, 1, 2, 3]
+    assert strategy.partition(grid.node_ids[2]) == 2
+    assert [(f.phase, f.node_id) for f in strategy.failures] == [("train", grid.node_ids[2])]
+    assert sorted(strategy.history[-1]["log_tilt_weight"]) == ["0", "1", "3"]
