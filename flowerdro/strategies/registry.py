@@ -20,6 +20,7 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.output import RunWriter
 
 #: Message types every flowerdro server sends, whatever the algorithm.
@@ -40,6 +41,10 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
     "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
     "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+    "drdsgd": Algorithm(DRDSGD, ("train.drdsgd",), fixed={"fraction_train": 1.0},
+                        summary="DR-DSGD: tilted local steps (h/μ) + Metropolis gossip"),
+    "dsgd": Algorithm(DSGD, ("train.dsgd",), fixed={"fraction_train": 1.0},
+                      summary="DSGD: plain local SGD steps + Metropolis gossip"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -60,11 +65,11 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
 adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps eval-model evaluate-model gamma global-lr grad-on gram-precision
-graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
+dual-lr-decay dual-step-scale eps evaluate-model gamma global-lr grad-on gram-precision
+improvement-before lambda-floor lambda-init
+loss-on lr-decay lr-decay-every mu-x num-partitions objective on-failure
 output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta tilt-log-cap topology track-improvement
+server-device server-lr snapshot step-rule theta track-improvement
 """.split())
 
 
@@ -123,61 +128,6 @@ def build_strategy(
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
-
-
-def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:
-    """Graph and local-step settings shared by DR-DSGD and DSGD (see flowerdro.strategies.drdsgd)."""
-    from flowerdro.strategies.drdsgd import EVAL_MODELS
-
-    topology = s.str("topology", "erdos_renyi")
-    return {
-        "topology": topology,
-        "p": s.float("graph-p", 0.3) if topology == "erdos_renyi" else None,
-        "radius": s.float("graph-radius", 0.5) if topology == "geometric" else None,
-        "rows": (s.int("graph-rows", 0, minimum=0) or None) if topology == "grid" else None,
-        "resample": s.bool("graph-resample", False),
-        "graph_seed": s.int("graph-seed", 0, minimum=0) if s.has("graph-seed") else None,
-        "num_nodes": s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        "local_steps": s.int("local-steps", 1, minimum=1),
-        "eval_model": s.str("eval-model", "own", choices=EVAL_MODELS),
-    }
-
-
-def _every_device(kw: dict[str, Any], name: str) -> dict[str, Any]:
-    """Decentralised SGD steps every device each iteration: full participation by definition.
-
-    A comparison shares one run config, so a ``fraction-train`` meant for the other
-    strategies is overridden here (with a warning) instead of failing the whole run;
-    constructing ``DRDSGD`` directly with a fraction below 1 is still an error.
-    """
-    from dataclasses import replace
-
-    loop = kw["loop"]
-    if loop.fraction_train != 1.0:
-        from logging import WARNING
-
-        from flwr.common import log
-
-        log(WARNING, "%s: fraction-train=%s ignored; every device steps every iteration", name, loop.fraction_train)
-    return {**kw, "loop": replace(loop, fraction_train=1.0)}
-
-
-@register("drdsgd")
-def _drdsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import DEFAULT_LOG_CAP, MIN_LOG_CAP, drdsgd
-
-    # max-tilt-weight M (cap h/mu at M, not in the paper) or tilt-log-cap c = log M; not both.
-    return drdsgd(mu=s.float("mu", 6.0, positive=True),
-                  log_cap=s.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
-                  max_tilt_weight=s.float("max-tilt-weight", 1.0, positive=True) if s.has("max-tilt-weight") else None,
-                  **_drdsgd_kwargs(s), **_every_device(kw, "drdsgd"))
-
-
-@register("dsgd")
-def _dsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import dsgd
-
-    return dsgd(**_drdsgd_kwargs(s), **_every_device(kw, "dsgd"))
 
 
 # ---------------------------------------------------------------- DRFA / DRFA-Prox / AFL
