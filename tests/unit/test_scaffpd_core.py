@@ -126,7 +126,7 @@ def test_primal_step_with_tau_eta_j_is_the_weighted_average_of_local_models() ->
     direction = weighted_sum(lam, [local_direction(x, u, lr, steps) for u in us])
     new = primal_step(x, direction, lr * steps)
     for k in range(2):  # x − η_l J Σλ_i (x − u_i)/(η_l J) = Σλ_i u_i
-        np.testing.assert_allclose(new[k], sum(w * u[k] for w, u in zip(lam, us)), atol=EXACT)
+        np.testing.assert_allclose(new[k], sum(w * u[k] for w, u in zip(lam, us, strict=True)), atol=EXACT)
 
 
 # ------------------------------------------------------------------ step sizes
