@@ -22,6 +22,8 @@ from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.output import RunWriter
+from flowerdro.strategies.scaffold import SCAFFOLD
+from flowerdro.strategies.scaffpd import SCAFFPD
 
 #: Message types every flowerdro server sends, whatever the algorithm.
 COMMON_ROUTES = ("evaluate", "query.init")
@@ -45,6 +47,10 @@ ALGORITHMS: dict[str, Algorithm] = {
                         summary="DR-DSGD: tilted local steps (h/μ) + Metropolis gossip"),
     "dsgd": Algorithm(DSGD, ("train.dsgd",), fixed={"fraction_train": 1.0},
                       summary="DSGD: plain local SGD steps + Metropolis gossip"),
+    "scaffpd": Algorithm(SCAFFPD, ("query.loss_grad", "train.scaffpd"), fixed={"local_epochs": 0.0},
+                         summary="SCAFF-PD: accelerated primal-dual with control variates"),
+    "scaffold": Algorithm(SCAFFOLD, ("train.scaffold",), fixed={"local_epochs": 0.0},
+                          summary="SCAFFOLD, option II"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -64,12 +70,11 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps evaluate-model gamma global-lr grad-on gram-precision
-improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every mu-x num-partitions objective on-failure
-output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta track-improvement
+adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round dual-lr
+dual-lr-decay dual-step-scale eps evaluate-model global-lr gram-precision improvement-before
+lambda-floor lambda-init loss-on lr-decay lr-decay-every num-partitions output-model
+pgd-step-size pgd-steps proximal-mu regularizer rho sample-with-replacement server-device
+snapshot track-improvement
 """.split())
 
 
@@ -210,59 +215,13 @@ def _afl_full(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     return DRFA(**args, **kw)
 
 
-# ---------------------------------------------------------------- SCAFF-PD / SCAFFOLD
+# ---------------------------------------------------------------- data sets
 def _is_regression(run_config: Mapping[str, Any]) -> bool:
     """Whether the run's data set has real-valued targets (its clients report a test loss only)."""
     from flowerdro.data.config import REGRESSION_DATASETS
 
     dataset = str(run_config.get("dataset") or "synthetic").strip().lower().replace("-", "_")
     return dataset in REGRESSION_DATASETS
-
-
-@register("scaffpd")
-def _scaffpd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffpd import (
-        FAILURE_POLICIES,
-        GRAD_ON,
-        SCAFFPD,
-        SCAFFPD_OBJECTIVES,
-        STEP_RULES,
-    )
-
-    mu_default = s.float("weight-decay", 0.0, minimum=0.0)
-    strategy = SCAFFPD(
-        objective=s.str("objective", "chi2", choices=SCAFFPD_OBJECTIVES),
-        rho=s.float("rho", 0.1, minimum=0.0),
-        alpha=s.float("cvar-alpha", 0.5, positive=True, maximum=1.0),
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.01, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        step_rule=s.str("step-rule", "5.2", choices=STEP_RULES),
-        primal_lr=s.float("primal-lr", 1.0, positive=True) if s.has("primal-lr") else None,
-        dual_lr=s.float("dual-lr", 0.1, positive=True),
-        gamma=s.float("gamma", 1.0, positive=True) if s.has("gamma") else None,
-        theta=s.float("theta", 1.0, minimum=0.0) if s.has("theta") else None,
-        mu_x=s.float("mu-x", mu_default, minimum=0.0),
-        grad_on=s.str("grad-on", "full", choices=GRAD_ON),
-        on_failure=s.str("on-failure", "reuse", choices=FAILURE_POLICIES),
-        num_partitions=s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        **kw,
-    )
-    return strategy
-
-
-@register("scaffold")
-def _scaffold(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffold import SCAFFOLD
-
-    strategy = SCAFFOLD(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.05, positive=True),
-        server_lr=s.float("server-lr", 1.0, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-    return strategy
 
 
 # ---------------------------------------------------------------- FedRobust and adversarial training
