@@ -50,11 +50,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_norms
+from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import Failure, metrics_of
+from flowerdro.strategies.records import mean_of_metric_records
 
 __all__ = ["AdversarialTraining", "FGMSettings", "FedAvgFGM", "FedAvgPGD", "FedRobust", "FedRobustSettings",
            "PGDSettings"]
@@ -121,8 +124,9 @@ class FedRobust(FairStrategy):
         if not replies:
             log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
             return arrays, None
-        new_arrays, metrics = self.aggregate_train(server_round, replies)  # w only: _store took the shifts out
-        return (new_arrays if new_arrays is not None else arrays), metrics
+        # the base's FedAvg over the models only (not the shifts)
+        models = [RecordDict({"arrays": r.content["arrays"], "metrics": metrics_of(r)}) for r in replies]
+        return aggregate_arrayrecords(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
 
     def shift_summary(self) -> dict[str, dict[str, float]]:
         """Partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂ and the rounds of its stored shift."""
@@ -156,7 +160,7 @@ class FedRobust(FairStrategy):
         return content
 
     def _store(self, reply: Message) -> bool:
-        """Take the reply's shift out of it as its partition's (False, with a failure, when it cannot be kept)."""
+        """Store the reply's shift as its partition's (False, with a failure, when it cannot be kept)."""
         nid = int(reply.metadata.src_node_id)
         pid = self.partition(nid)
         stored = self.state["shifts"].get(pid)
@@ -177,7 +181,6 @@ class FedRobust(FairStrategy):
                                                     f"node trained from another shift than partition {pid}'s")
         self.state["shifts"][pid] = {"lambda": np.array(lam, dtype=np.float32), "delta": np.array(delta, np.float32),
                                      "rounds": rounds + 1}
-        del reply.content[AFFINE_RECORD]
         return True
 
     def _reject(self, node_id: int, kind: str, reason: str) -> bool:

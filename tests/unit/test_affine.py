@@ -12,7 +12,12 @@ from torch.nn import functional as F
 
 from flowerdro.clients.robust import adversarial_local, fedrobust_local
 from flowerdro.clients.training import LocalData, make_generator, minibatches
-from flowerdro.core.affine import affine_state_bytes, check_affine_dim, project_frobenius_ball, project_l2_ball
+from flowerdro.core.affine import (
+    affine_state_bytes,
+    check_affine_dim,
+    project_frobenius_ball,
+    project_l2_ball,
+)
 from flowerdro.models.affine import (
     affine_ascent_step,
     apply_affine,
