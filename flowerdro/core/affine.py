@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 #: Default largest flattened input dimension d an affine shift may have (CIFAR-10: 3072).
 DEFAULT_MAX_DIM = 3072
 
-A = TypeVar("A")  # numpy array, or any array type with the same arithmetic (torch.Tensor)
+#: A numpy array, or any array type with the same arithmetic (a torch.Tensor).
+Arr = Any
 
 
 # --------------------------------------------------------------------------- sizes
@@ -151,7 +152,7 @@ def _norm(v: Any) -> float:
     return math.sqrt(float((v * v).sum()))
 
 
-def project_frobenius_ball(lam: A, eps: float, eye: A | None = None) -> A:
+def project_frobenius_ball(lam: Arr, eps: float, eye: Arr | None = None) -> Arr:
     r"""Π onto {Λ : ‖Λ − I‖_F ≤ ε₁}: Λ ↦ I + (Λ − I)·min(1, ε₁ / ‖Λ − I‖_F).
 
     ``eye`` is the identity in ``lam``'s array type (default: a numpy identity). A Λ
@@ -173,7 +174,7 @@ def project_frobenius_ball(lam: A, eps: float, eye: A | None = None) -> A:
     return eye + dev * (eps / norm)
 
 
-def project_l2_ball(v: A, eps: float) -> A:
+def project_l2_ball(v: Arr, eps: float) -> Arr:
     r"""Π onto {δ : ‖δ‖₂ ≤ ε₂}: δ ↦ δ·min(1, ε₂ / ‖δ‖₂) (the whole array as one vector).
 
     >>> project_l2_ball(np.array([3.0, 4.0]), 1.0)
@@ -213,8 +214,8 @@ def check_ascent_rates(adv_lr: float, penalty: float) -> None:
         )
 
 
-def affine_ascent_update(lam: A, delta: A, g_lam: A, g_delta: A, *, adv_lr: float, penalty: float,
-                         eye: A | None = None) -> tuple[A, A]:
+def affine_ascent_update(lam: Arr, delta: Arr, g_lam: Arr, g_delta: Arr, *, adv_lr: float, penalty: float,
+                         eye: Arr | None = None) -> tuple[Arr, Arr]:
     r"""One gradient ascent step of Algorithm 1 on (Λ, δ), given the loss gradients at (Λ, δ).
 
     With g_Λ = ∇_Λ (1/|B|)Σ_j ℓ(f_w(Λx_j + δ), y_j) and g_δ likewise, the ascent on the

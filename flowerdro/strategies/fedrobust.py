@@ -94,6 +94,7 @@ class FedRobust(FairStrategy):
 
     name: ClassVar[str] = "fedrobust"
     settings_class: ClassVar[type[Settings]] = FedRobustSettings
+    config: FedRobustSettings
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -176,7 +177,7 @@ class FedRobust(FairStrategy):
         if not (np.isfinite(lam).all() and np.isfinite(delta).all()):
             return self._reject(nid, "nonfinite", "the shift (Λ_i, δ_i) holds NaN/Inf")
         got = metrics_of(reply).get(AFFINE_ROUNDS)
-        if got is None or int(got) != rounds + 1:
+        if not isinstance(got, int | float) or int(got) != rounds + 1:
             return self._reject(nid, "stale-shift", f"affine-rounds {got} in the reply, expected {rounds + 1}: the "
                                                     f"node trained from another shift than partition {pid}'s")
         self.state["shifts"][pid] = {"lambda": np.array(lam, dtype=np.float32), "delta": np.array(delta, np.float32),
@@ -220,6 +221,7 @@ class AdversarialTraining(FairStrategy):
 
     #: The attack used in training (message type ``train.<kind>``).
     kind: ClassVar[str] = ""
+    config: FGMSettings
 
     def attack_config(self) -> dict[str, Any]:
         """The attack's keys of the training config."""
@@ -250,6 +252,7 @@ class FedAvgPGD(AdversarialTraining):
     name: ClassVar[str] = "fedavg-pgd"
     kind: ClassVar[str] = "pgd"
     settings_class: ClassVar[type[Settings]] = PGDSettings
+    config: PGDSettings
 
     def attack_config(self) -> dict[str, Any]:  # noqa: D102
         out = {**super().attack_config(), "pgd-steps": self.config.pgd_steps}
