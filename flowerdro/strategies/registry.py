@@ -21,6 +21,7 @@ from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
@@ -51,6 +52,10 @@ ALGORITHMS: dict[str, Algorithm] = {
                          summary="SCAFF-PD: accelerated primal-dual with control variates"),
     "scaffold": Algorithm(SCAFFOLD, ("train.scaffold",), fixed={"local_epochs": 0.0},
                           summary="SCAFFOLD, option II"),
+    "fedrobust": Algorithm(FedRobust, ("train.fedrobust", "query.affine_state"),
+                           summary="FedRobust: local GDA against per-client affine shifts"),
+    "fedavg-fgm": Algorithm(FedAvgFGM, ("train.fgm",), summary="FedAvg over FGM adversarial training"),
+    "fedavg-pgd": Algorithm(FedAvgPGD, ("train.pgd",), summary="FedAvg over PGD adversarial training"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -70,11 +75,10 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round dual-lr
-dual-lr-decay dual-step-scale eps evaluate-model global-lr gram-precision improvement-before
-lambda-floor lambda-init loss-on lr-decay lr-decay-every num-partitions output-model
-pgd-step-size pgd-steps proximal-mu regularizer rho sample-with-replacement server-device
-snapshot track-improvement
+client-sampling clients-per-round dual-lr dual-lr-decay dual-step-scale eps evaluate-model
+global-lr gram-precision improvement-before lambda-floor lambda-init loss-on lr-decay
+lr-decay-every num-partitions output-model proximal-mu regularizer rho sample-with-replacement
+server-device snapshot track-improvement
 """.split())
 
 
@@ -224,45 +228,6 @@ def _is_regression(run_config: Mapping[str, Any]) -> bool:
     return dataset in REGRESSION_DATASETS
 
 
-# ---------------------------------------------------------------- FedRobust and adversarial training
-@register("fedrobust")
-def _fedrobust(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import FedRobust
-
-    return FedRobust(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        adv_lr=s.float("adv-lr", 0.01, positive=True),
-        affine_lambda=s.float("affine-lambda", 1.0, minimum=0.0),
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        affine_max_dim=s.int("affine-max-dim", 3072, minimum=1) if s.has("affine-max-dim") else None,
-        **kw,
-    )
-
-
-def _adversarial(kind: str, s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import AdversarialTraining
-
-    return AdversarialTraining(
-        kind,
-        adv_eps=s.float("adv-eps", 1.0, minimum=0.0),
-        pgd_steps=s.int("pgd-steps", 10, minimum=1),
-        pgd_step_size=s.float("pgd-step-size", 0.1, positive=True) if s.has("pgd-step-size") else None,
-        local_steps=s.int("local-steps", 10, minimum=1) if s.has("local-steps") else None,
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-
-
-@register("fedavg-fgm")
-def _fedavg_fgm(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("fgm", s, kw)
-
-
-@register("fedavg-pgd")
-def _fedavg_pgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("pgd", s, kw)
 
 
 # ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
