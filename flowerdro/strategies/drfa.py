@@ -45,10 +45,11 @@ Choices
   8/45)). At most #{i: λ_i > 0} clients are drawn.
 * ``client-sampling = "uniform"`` (public code): D(s) uniform, update weights λ_k N/m.
 * ``dual-step-scale = "public"``: the λ step without Algorithm 1's factor τN/m′.
-* Node ↔ partition: λ is keyed by partition id. Before the first round (and whenever a
-  connected node's partition is unknown) the strategy sends ``query.loss`` at the current
-  model to those nodes (phase ``"discover"``; ``loss-on = "full"`` when
-  ``lambda-init = "size"``, so ``num-examples`` is the training-set size). N is
+* Node ↔ partition: λ is keyed by partition id. Whenever a connected node's partition is
+  unknown (and, for ``lambda-init = "size"``, before λ(0) for every node whose
+  training-set size is unknown) the strategy sends ``query.loss`` at the current model to
+  those nodes (phase ``"discover"``; ``loss-on = "full"`` for the sizes, so
+  ``num-examples`` is the training-set size). N is
   ``num-partitions`` when given, else the partitions discovered in round 1; a partition
   discovered later joins with weight 1/(N+1) (the others scaled by N/(N+1)).
 * Failures: a failed ``train.drfa`` reply is left out and the weights renormalised over
@@ -274,17 +275,20 @@ class DRFA(FairStrategy):
             st.dual_lr)
 
     def _discover(self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord, rnd: int) -> None:
-        """``query.loss`` to connected nodes whose partition is unknown (learns the map and sizes)."""
-        unknown = [n for n in nodes if int(n) not in self.comm.node_to_partition]
-        if not unknown:
+        """``query.loss`` to connected nodes whose partition is unknown, or, before λ(0) with
+        ``lambda-init = "size"``, whose training-set size is unknown (learns the map and sizes)."""
+        part, st = self.comm.node_to_partition, self.state
+        sizes = self.config.lambda_init == "size" and not st.partitions
+        ask = [n for n in nodes if int(n) not in part or (sizes and part[int(n)] not in st.sizes)]
+        if not ask:
             return
         cfg = self._query_config(config, rnd)
-        cfg["loss-on"] = "full" if self.config.lambda_init == "size" and not self.state.partitions else "batch"
-        msgs = self.build_messages(unknown, RecordDict({"arrays": arrays, "config": cfg}), QUERY_TYPE)
+        cfg["loss-on"] = "full" if sizes else "batch"
+        msgs = self.build_messages(ask, RecordDict({"arrays": arrays, "config": cfg}), QUERY_TYPE)
         for reply in self.communicate(grid, msgs, phase="discover"):
-            if cfg["loss-on"] == "full":
+            if sizes:
                 mr = metrics_of(reply)
-                self.state.sizes[int(mr[PARTITION_ID])] = int(mr[NUM_EXAMPLES])
+                st.sizes[int(mr[PARTITION_ID])] = int(mr[NUM_EXAMPLES])
 
     # ------------------------------------------------------------------ messages
     def _train_config(self, config: ConfigRecord, rnd: int, t_prime: int) -> ConfigRecord:

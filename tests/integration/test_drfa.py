@@ -213,3 +213,16 @@ def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_p
     for k in a.keys():
         np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
     assert [r["round"] for r in load_records(tmp_path / "cut" / "resume" / name / "seed0")] == [1, 2, 3, 4]
+
+
+def test_lambda_init_size_through_the_runner_starts_from_the_training_set_sizes(synth_rc):
+    # The runner learns every node's partition before round 1; the sizes still need asking.
+    rc = {**synth_rc, "lambda-init": "size", "dual-lr": 1e-9, "clients-per-round": 2}
+    cfg = {"name": "size", "num-rounds": 1, "seeds": [0], "num-partitions": 4, "strategies": ["drfa"],
+           "run-config": rc}
+    res = run(cfg, output_root=None, verbose=False)
+    strategy, rec = res.strategies["drfa"][0], res.histories["drfa"][0][0]
+    sizes = np.array([strategy.state.sizes[p] for p in range(4)], dtype=float)
+    assert np.ptp(sizes) > 0  # the check is not vacuous: the partitions differ in size
+    lam = np.array([rec["lambda"][str(p)] for p in range(4)])
+    np.testing.assert_allclose(lam, sizes / sizes.sum(), rtol=0, atol=1e-7)  # one step of γτv with γ = 1e-9
