@@ -44,7 +44,8 @@ Choices
   is not: λ = (0.7, 0.1, 0.1, 0.1), m = 2 gives the mean the weights (7/15, 8/45, 8/45,
   8/45)). At most #{i: λ_i > 0} clients are drawn.
 * ``client-sampling = "uniform"`` (public code): D(s) uniform, update weights λ_k N/m.
-* ``dual-step-scale = "public"``: the λ step without Algorithm 1's factor τN/m′.
+* ``dual-step-scale = "public"``: the λ step without Algorithm 1's factor τN/m′ (the
+  default γ above is meant for the paper's step: with this scale, set ``dual-lr``).
 * Node ↔ partition: λ is keyed by partition id. Whenever a connected node's partition is
   unknown (and, for ``lambda-init = "size"``, before λ(0) for every node whose
   training-set size is unknown) the strategy sends ``query.loss`` at the current model to
@@ -117,7 +118,8 @@ class DRFASettings(Settings):
     dual_lr_decay: float = setting(1.0, "γ ← γ·decay after every λ step", gt=0, le=1)
     lambda_floor: float = setting(0.0, "λ_min ≤ 1/N: every λ_i is kept ≥ λ_min (0: off)", ge=0, le=1)
     dual_step_scale: str = setting("paper", "the λ step with Algorithm 1's factor τN/m′ (paper) or without it "
-                                            "(public)", choices=DUAL_STEP_SCALES)
+                                            "(public; the default dual-lr is the paper step's)",
+                                   choices=DUAL_STEP_SCALES)
     lambda_init: str = setting("uniform", "λ(0) uniform or proportional to the clients' training-set sizes",
                                choices=("uniform", "size"))
     output_model: str = setting("last", "the model a run returns: w̄(S) or the average ŵ of the server iterates",
