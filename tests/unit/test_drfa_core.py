@@ -78,7 +78,7 @@ def test_loss_vector_is_unbiased_by_enumeration() -> None:
         mean = np.zeros(n)
         for draw in itertools.product(range(n), repeat=m):
             mean += loss_vector(n, list(draw), f[list(draw)])
-        np.testing.assert_allclose(mean / n**m, f, rtol=1e-12)
+        np.testing.assert_allclose(mean / n**m, f, rtol=1e-12)  # sums of ≤ 64 float64 terms
 
 
 def test_loss_vector_rejects_bad_input() -> None:
@@ -120,7 +120,7 @@ def test_dual_ascent_hand_example_and_fixed_point() -> None:
     np.testing.assert_allclose(dual_ascent([0.5, 0.5], [1.0, 0.0], 1, 0.2), [0.6, 0.4])
     # Equal losses move nothing.
     lam = np.array([0.2, 0.3, 0.5])
-    np.testing.assert_allclose(dual_ascent(lam, np.full(3, 7.0), 5, 0.1), lam, atol=1e-15)
+    np.testing.assert_allclose(dual_ascent(lam, np.full(3, 7.0), 5, 0.1), lam, atol=1e-15)  # float64 rounding of numbers of size ~1
     # Huge losses: all mass on the worst client.
     np.testing.assert_allclose(dual_ascent(lam, [1e12, 0.0, 0.0], 1, 1.0), [1.0, 0.0, 0.0])
 
@@ -195,7 +195,7 @@ def test_prox_step_closed_forms_by_hand() -> None:
     )
     # KL, N = 2, symmetric y: the uniform point is stationary.
     np.testing.assert_allclose(
-        prox_step([0.5, 0.5], [3.0, 3.0], 2, 0.1, "kl", 5.0), [0.5, 0.5], atol=1e-15
+        prox_step([0.5, 0.5], [3.0, 3.0], 2, 0.1, "kl", 5.0), [0.5, 0.5], atol=1e-15  # float64 rounding of numbers of size ~1
     )
 
 
@@ -218,19 +218,19 @@ def test_prox_step_limits_in_rho(regularizer) -> None:
         n = lam.size
         # Huge rho: the regulariser pins the uniform point.
         np.testing.assert_allclose(
-            prox_step(lam, v, tau, gamma, regularizer, 1e12), np.full(n, 1.0 / n), atol=1e-9
+            prox_step(lam, v, tau, gamma, regularizer, 1e12), np.full(n, 1.0 / n), atol=1e-9  # the step moves λ by O(1/ρ)
         )
         np.testing.assert_allclose(
-            prox_step(lam, v, tau, gamma, regularizer, 1e300), np.full(n, 1.0 / n), atol=1e-9
+            prox_step(lam, v, tau, gamma, regularizer, 1e300), np.full(n, 1.0 / n), atol=1e-9  # the step moves λ by O(1/ρ)
         )
         # Tiny rho: the plain ascent step (KL moves it by O(kappa log(1/kappa))).
         np.testing.assert_allclose(
             prox_step(lam, v, tau, gamma, regularizer, 1e-14),
             dual_ascent(lam, v, tau, gamma),
-            atol=1e-9,
+            atol=1e-9,  # KL moves the step by O(κ log(1/κ)) with κ ~ 1e-14
         )
         tiny = prox_step(lam, v, tau, gamma, regularizer, 1e-305)
-        np.testing.assert_allclose(tiny, dual_ascent(lam, v, tau, gamma), atol=1e-12)
+        np.testing.assert_allclose(tiny, dual_ascent(lam, v, tau, gamma), atol=1e-12)  # KL's effect is below float64 resolution at ρ = 1e-305
 
 
 def test_prox_step_kl_kkt_conditions() -> None:
@@ -299,7 +299,7 @@ def test_dual_step_is_projected_ascent_with_hand_computed_v():
     v[1], v[3] = 2 * 0.6 * 4 / 3, 1.5 * 4 / 3
     tau, gamma = 4, 0.01
     expected = lam + tau * gamma * (v - v.mean())
-    np.testing.assert_allclose(dual_step(lam, ids, losses, tau=tau, gamma=gamma), expected, atol=1e-15)
+    np.testing.assert_allclose(dual_step(lam, ids, losses, tau=tau, gamma=gamma), expected, atol=1e-15)  # float64 rounding of numbers of size ~1
 
 
 @pytest.mark.parametrize("reg", ["none", "kl", "chi2", "l2"])
@@ -319,7 +319,7 @@ def test_dual_step_l2_prox_matches_closed_form():
     k = 0.2 * 3 * 0.5
     expected = project_simplex((lam + 0.2 * 3 * v + k / 3) / (1 + k))
     got = dual_step(lam, ids, losses, tau=3, gamma=0.2, regularizer="l2", rho=0.5)
-    np.testing.assert_allclose(got, expected, atol=1e-15)
+    np.testing.assert_allclose(got, expected, atol=1e-15)  # float64 rounding of numbers of size ~1
 
 
 def test_lambda_floor_keeps_simplex_and_floor():
@@ -338,10 +338,10 @@ def test_public_dual_step_scale_drops_tau_n_over_m():
     lam = np.array([0.25, 0.25, 0.25, 0.25])
     got = dual_step(lam, [1, 1, 3], [0.2, 0.2, 0.1], tau=10, gamma=0.5, scale="public")
     # raw = λ + 0.5·(0, 0.4, 0, 0.1) = (0.25, 0.45, 0.25, 0.30), sum 1.25 → shift by 0.0625
-    np.testing.assert_allclose(got, [0.1875, 0.3875, 0.1875, 0.2375], atol=1e-15)
+    np.testing.assert_allclose(got, [0.1875, 0.3875, 0.1875, 0.2375], atol=1e-15)  # values exact in binary, a few roundings
     # the paper's step on the same input is τN/m′ = 10·4/3 times larger before projecting
     paper = dual_step(lam, [1, 1, 3], [0.2, 0.2, 0.1], tau=10, gamma=0.5 * 3 / 40)
-    np.testing.assert_allclose(paper, got, atol=1e-15)
+    np.testing.assert_allclose(paper, got, atol=1e-15)  # float64 rounding of numbers of size ~1
     # prox variant: the paper's prox step with τ = 1 and the vector u_i = Σ 1[k=i] f_i
     rng = np.random.default_rng(5)
     lam = rng.dirichlet(np.ones(6))
@@ -349,7 +349,7 @@ def test_public_dual_step_scale_drops_tau_n_over_m():
     u = np.zeros(6)
     np.add.at(u, ids, losses)
     got = dual_step(lam, ids, losses, tau=7, gamma=0.3, regularizer="kl", rho=0.2, scale="public")
-    np.testing.assert_allclose(got, prox_step(lam, u, 1, 0.3, "kl", 0.2), atol=1e-12)
+    np.testing.assert_allclose(got, prox_step(lam, u, 1, 0.3, "kl", 0.2), atol=1e-12)  # the root find's relative accuracy (a few eps) on entries ≤ 1
     with pytest.raises(ValueError, match="scale"):
         dual_step(lam, ids, losses, tau=1, gamma=0.1, scale="nope")
 
@@ -380,8 +380,8 @@ def test_default_dual_lr_keeps_the_first_lambda_step_the_same_relative_size_at_a
     tau = 10
     for n, m in [(10, 5), (1000, 500), (20, 2), (1000, 100)]:
         lam = dual_step(np.full(n, 1 / n), list(range(m)), [1.0] * m, tau=tau, gamma=default_dual_lr(n, m))
-        np.testing.assert_allclose(n * lam[:m], 2.6 - 1.6 * m / n, rtol=1e-12)
-        np.testing.assert_allclose(n * lam[m:], 1.0 - 1.6 * m / n, rtol=1e-12)
+        np.testing.assert_allclose(n * lam[:m], 2.6 - 1.6 * m / n, rtol=1e-12)  # float64 rounding, relative
+        np.testing.assert_allclose(n * lam[m:], 1.0 - 1.6 * m / n, rtol=1e-12)  # float64 rounding, relative
 
 
 def test_default_dual_lr_does_not_collapse_lambda_at_a_thousand_clients():
@@ -509,7 +509,7 @@ def test_uniform_sampling_weights_are_unbiased_by_enumeration(lam, m):
     # without replacement: every ordered draw of m distinct clients is equally likely
     perms = list(itertools.permutations(range(n), m))
     mean = _expected_weights(((s, Fraction(1, len(perms))) for s in perms), lam, "uniform")
-    np.testing.assert_allclose(mean, [float(x) for x in lam], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(mean, [float(x) for x in lam], rtol=0, atol=1e-15)  # float64 sums of ≤ 60 terms
     # with replacement: the N^m ordered draws
     mean = _expected_weights(((s, Fraction(1, n**m)) for s in itertools.product(range(n), repeat=m)), lam, "uniform")
     np.testing.assert_allclose(mean, [float(x) for x in lam], rtol=0, atol=1e-14)  # float64 sums of ≤ 125 terms
@@ -525,7 +525,7 @@ def test_lambda_sampling_with_replacement_weights_are_unbiased_by_enumeration(la
             yield seq, p
 
     mean = _expected_weights(draws(), lam, "lambda")
-    np.testing.assert_allclose(mean, [float(x) for x in lam], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(mean, [float(x) for x in lam], rtol=0, atol=1e-15)  # float64 sums of ≤ 125 terms
 
 
 def test_aggregation_weights_by_hand():

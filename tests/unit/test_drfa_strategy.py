@@ -93,7 +93,7 @@ def test_round_aggregate_counts_a_client_drawn_twice_twice_and_messages_it_once(
     assert {cfg["snapshot-step"] for _, cfg in train_msgs} == {rec["snapshot_step"]}
     # ... and the model is the average over draws, duplicates counted: (1/m) Σ_k δ_{D_k}.
     expected = np.mean([app.deltas[p] for p in rec["sampled"]], axis=0)
-    np.testing.assert_allclose(_w(res.arrays), expected, atol=1e-12)
+    np.testing.assert_allclose(_w(res.arrays), expected, atol=1e-12)  # float64 mean of ≤ 8 vectors of size ~1
     # The query went to w(t′) = (1/m) Σ_k (t′/τ) δ_{D_k}.
     q_w = [cfg for t, _, cfg in app.received if t == "query.loss"]
     assert q_w and all(c["loss-on"] == "batch" for c in q_w)
@@ -114,7 +114,7 @@ def test_strategy_lambda_step_is_unbiased_over_rounds():
     # and each single step equals the hand-built v of that round's U
     for s, rec in enumerate(strategy.history[:20]):
         v = loss_vector(n, rec["queried"], losses[rec["queried"]])
-        np.testing.assert_allclose(steps[s], v - v.mean(), atol=1e-6)
+        np.testing.assert_allclose(steps[s], v - v.mean(), atol=1e-6)  # λ's float64 rounding (~1e-16) over τγ = 3e-6
 
 
 def test_seeded_strategy_run_is_repeatable():
@@ -164,7 +164,7 @@ def test_lambda_init_size_uses_num_examples_of_discovery():
     _run(st, grid, 1)
     sizes = np.array([10, 20, 30, 40.0])
     lam = np.array([st.history[0]["lambda"][str(i)] for i in range(4)])
-    np.testing.assert_allclose(lam, sizes / sizes.sum(), atol=1e-6)
+    np.testing.assert_allclose(lam, sizes / sizes.sum(), atol=1e-6)  # one λ step τγ(N/m)f ≤ 1e-7 at γ = 1e-9
     disc = [cfg for t, _, cfg in app.received if t == "query.loss" and cfg.get("loss-on") == "full"]
     assert len(disc) == 4  # one discovery query per node, on all local data
 
@@ -180,7 +180,7 @@ def test_output_model_average_is_mean_of_server_iterates():
     st = Recording(clients_per_round=2, local_steps=2, output_model="average", seed=0, fraction_evaluate=0.0)
     st.iterates = []
     res = _run(st, grid, 5)
-    np.testing.assert_allclose(_w(res.arrays), np.mean(st.iterates, axis=0), atol=1e-12)
+    np.testing.assert_allclose(_w(res.arrays), np.mean(st.iterates, axis=0), atol=1e-12)  # float64 running mean of 5 iterates
 
 
 def test_full_participation_aggregate_is_lambda_mixture():
@@ -188,9 +188,9 @@ def test_full_participation_aggregate_is_lambda_mixture():
     st = DRFA(local_steps=1, dual_lr=0.1, full_participation=True, seed=0, fraction_evaluate=0.0)
     res = _run(st, grid, 1)
     # round 1: λ(1) uniform, so w̄(2) = Σ_i (1/4) δ_i; v = f exactly (everybody answered)
-    np.testing.assert_allclose(_w(res.arrays), app.deltas.mean(axis=0), atol=1e-12)
+    np.testing.assert_allclose(_w(res.arrays), app.deltas.mean(axis=0), atol=1e-12)  # float64 sums of 4 terms of size ~1
     lam = np.array([st.history[0]["lambda"][str(i)] for i in range(4)])
-    np.testing.assert_allclose(lam, project_simplex(0.25 + 0.1 * losses), atol=1e-12)
+    np.testing.assert_allclose(lam, project_simplex(0.25 + 0.1 * losses), atol=1e-12)  # float64 sums of 4 terms of size ~1
 
 
 def test_every_train_reply_failing_keeps_model_and_skips_dual_step():
@@ -215,7 +215,7 @@ def test_failed_query_rescales_v_by_number_of_answers():
         lam1 = np.array([rec["lambda"][str(i)] for i in range(4)])
         if ids:
             v = loss_vector(4, ids, losses[ids])
-            np.testing.assert_allclose((lam1 - lam0) / 1e-6, v - v.mean(), atol=1e-5)
+            np.testing.assert_allclose((lam1 - lam0) / 1e-6, v - v.mean(), atol=1e-5)  # λ's float64 rounding (~1e-16) over γ = 1e-6
     assert any(k.startswith("query:error") for r in st.history for k in r["failures"])
 
 
@@ -287,7 +287,7 @@ def test_without_replacement_the_round_uses_the_ordered_unbiased_weights():
               fraction_evaluate=0.0)
     res = _run(st, grid, 1)
     i, j = st.history[0]["sampled"]
-    np.testing.assert_allclose(_w(res.arrays), (2 / 3) * app.deltas[i] + (1 / 3) * app.deltas[j], atol=1e-15)
+    np.testing.assert_allclose(_w(res.arrays), (2 / 3) * app.deltas[i] + (1 / 3) * app.deltas[j], atol=1e-15)  # float64 sum of 2 terms
 
 
 def test_a_round_without_a_new_model_neither_decays_gamma_nor_enters_the_average():
@@ -312,7 +312,7 @@ def test_a_round_without_a_new_model_neither_decays_gamma_nor_enters_the_average
     w1 = np.mean([app.deltas[p] for p in hist[0]["sampled"]], axis=0)
     w3 = w1 + np.mean([app.deltas[p] for p in hist[2]["sampled"]], axis=0)
     w4 = w3 + np.mean([app.deltas[p] for p in hist[3]["sampled"]], axis=0)
-    np.testing.assert_allclose(_w(res.arrays), (w1 + w3 + w4) / 3, atol=1e-15)
+    np.testing.assert_allclose(_w(res.arrays), (w1 + w3 + w4) / 3, atol=1e-15)  # float64 sums of ≤ 6 terms of size ~1
 
 
 def test_default_dual_lr_is_scaled_by_m_over_n_squared_and_a_given_one_is_kept():
