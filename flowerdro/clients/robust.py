@@ -237,6 +237,8 @@ def adversarial_local(
     For t = 1..τ: x̃_j = x_j + v_j with v_j from :func:`~flowerdro.core.affine.pgd_l2_attack`
     at the current w (FGM: one step of size ε; PGD: K = ``attack_steps`` projected steps of
     size α = ``attack_step_size``, default 2.5ε/K), then w ← w − η ∇_w (1/|B|) Σ ℓ(f_w(x̃_j), y_j).
+    The attack ascends the same loss ℓ = ``loss_fn`` the step descends (cross-entropy when
+    unset, MSE on a regression task).
     """
     _check_common(steps, lr, batch_size)
     if kind not in ADVERSARIAL_KINDS:
@@ -253,9 +255,9 @@ def adversarial_local(
         idx = next(batches)
         xb, yb = data.x_train[idx], data.y_train[idx]
         if kind == "fgm":
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps)
+            xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps, loss_fn=loss_fn)
         else:
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size)
+            xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size, loss_fn=loss_fn)
         model.train()
         model.zero_grad(set_to_none=True)
         loss = criterion(model(xa), yb)

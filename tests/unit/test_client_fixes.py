@@ -65,3 +65,28 @@ def test_drdsgd_and_dsgd_train_robust_regression_with_no_dropped_reply():
         # full-batch gradient steps with a small rate on a convex quadratic: the mean loss decreases
         mean_loss = [float(np.mean(list(r["train_loss_device"].values()))) for r in hist]
         assert all(b < a for a, b in zip(mean_loss, mean_loss[1:], strict=False)), (label, mean_loss)
+
+
+@pytest.mark.parametrize("kind", ["fgm", "pgd"])
+def test_adversarial_training_on_regression_attacks_the_mse(kind):
+    # Prepare: f_w(x) = ⟨w, x⟩ with per-sample loss (⟨w, x⟩ − y)². Its input gradient is
+    # 2 r w (r = ⟨w, x⟩ − y), so the ℓ₂ attack of radius ε is x + ε sign(r) w/‖w‖ (FGM; PGD's
+    # steps all point the same way, 2.5ε in total, projected back to ε), which raises |r| by ε‖w‖.
+    a, y, w = _tiny_regression(1)
+    data = LocalData.from_numpy(a, y, a, y, torch.device("cpu"), dtype=torch.float64)
+    model = _linear(w)
+    eps, lr = 0.3, 0.05
+    # Execute
+    from flowerdro.clients.robust import adversarial_local
+
+    res = adversarial_local(model, data, kind=kind, eps=eps, steps=1, lr=lr, batch_size=100,
+                            generator=make_generator(0), loss_fn=mse_loss)
+    # Assert
+    r = a @ w - y
+    x_adv = a + eps * np.sign(r)[:, None] * w[None, :] / np.linalg.norm(w)
+    r_adv = x_adv @ w - y
+    np.testing.assert_allclose(np.abs(r_adv), np.abs(r) + eps * np.linalg.norm(w), rtol=1e-12)
+    assert res.mean_batch_loss == pytest.approx(float(r_adv @ r_adv) / len(y), rel=1e-12)  # float64, 6 terms
+    assert res.mean_batch_loss > float(r @ r) / len(y)  # the attack increased the MSE
+    w_next = w - lr * 2.0 / len(y) * x_adv.T @ r_adv
+    np.testing.assert_allclose(res.state["linear.weight"].numpy().ravel(), w_next, rtol=1e-12)
