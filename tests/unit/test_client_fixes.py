@@ -90,3 +90,46 @@ def test_adversarial_training_on_regression_attacks_the_mse(kind):
     assert res.mean_batch_loss > float(r @ r) / len(y)  # the attack increased the MSE
     w_next = w - lr * 2.0 / len(y) * x_adv.T @ r_adv
     np.testing.assert_allclose(res.state["linear.weight"].numpy().ravel(), w_next, rtol=1e-12)
+
+
+def _fedmgda_run(rc: dict, rounds: int):
+    from flowerdro.apps.client_app import app
+    from flowerdro.experiments import InProcessGrid
+    from flowerdro.runs import client_config, initial_arrays
+    from flowerdro.strategies import build_strategy
+
+    grid = InProcessGrid(app, 5, rc)
+    strategy = build_strategy("fedmgda+", rc)
+    init = initial_arrays(grid, rc, 60)
+    res = strategy.start(grid, init, num_rounds=rounds, timeout=60, train_config=client_config(rc))
+    return grid, strategy, init, res.arrays
+
+
+def test_fedmgda_improved_fraction_is_the_same_whatever_train_loss_on(synth_rc):
+    # 5 synthetic clients, batch 4: with train-loss-on = "batch" the "before" loss was a
+    # first-minibatch loss and the "after" one a full-data loss, so the fractions differed.
+    rc = {**synth_rc, "batch-size": 4, "track-improvement": True, "fraction-evaluate": 0.0}
+    fracs = {}
+    for mode in ("full", "batch"):
+        _, strategy, _, _ = _fedmgda_run({**rc, "train-loss-on": mode}, rounds=4)
+        fracs[mode] = [r["improved_fraction"] for r in strategy.history]
+    assert fracs["batch"] == fracs["full"]
+    # Round 1 by hand: every client's full training loss at w_0 and at w_1.
+    from flowerdro.clients.handlers import get_runtime
+    from flowerdro.clients.training import evaluate_model
+
+    grid, strategy, w0, w1 = _fedmgda_run({**rc, "train-loss-on": "batch"}, rounds=1)
+    change = {}
+    for nid, ctx in grid.contexts.items():
+        rt = get_runtime(ctx)
+        before = evaluate_model(rt.model_from(w0), rt.data.x_train, rt.data.y_train)[0]
+        after = evaluate_model(rt.model_from(w1), rt.data.x_train, rt.data.y_train)[0]
+        change[str(grid.partition_of_node[nid])] = after - before
+    rec = strategy.history[0]
+    assert set(rec["loss_change"]) == set(change)
+    for pid, d in change.items():
+        # the same float32 forward passes on the same data; losses ≈ ln 5 ≈ 1.6, so even a
+        # different summation order moves each by ~1.6 · 1.2e-7 · log2(n) < 1e-6
+        assert rec["loss_change"][pid] == pytest.approx(d, abs=1e-6)
+    assert rec["improved_fraction"] == pytest.approx(np.mean([d <= 0 for d in change.values()]))
+    assert rec["improved_fraction"] == fracs["full"][0]
