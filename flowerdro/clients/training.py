@@ -36,6 +36,21 @@ def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output.reshape(target.shape), target)
 
 
+def scaled_loss(loss_fn: LossFn | None, factor: float) -> LossFn:
+    """The loss s·ℓ(output, target) with ℓ = ``loss_fn`` (cross-entropy when None), s = ``factor``.
+
+    A ``loss-scale`` attacker trains on it (FedMGDA+ §6.2.2): every gradient, and so every
+    local step, is s times the honest one at the same point.
+    """
+    base = loss_fn or F.cross_entropy
+    s = float(factor)
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return s * base(output, target)
+
+    return loss
+
+
 def loss_function(task: str) -> LossFn:
     """The training loss of a task: cross-entropy (``"classification"``) or MSE (``"regression"``)."""
     if task == "classification":

@@ -168,7 +168,7 @@ def test_bias_attack_shifts_reported_losses_only(synth_rc):
 
 
 def test_scale_attack_multiplies_update(synth_rc):
-    rc = {**synth_rc, "malicious-ids": "0", "attack": "scale", "attack-scale": 4.0}
+    rc = {**synth_rc, "malicious-ids": "0", "attack": "update-scale", "attack-scale": 4.0}
     clean, attacked = _grid(synth_rc, n=1), _grid(rc, n=1)
     init = initial_arrays(clean, synth_rc, 60)
     ups = []

@@ -133,3 +133,74 @@ def test_fedmgda_improved_fraction_is_the_same_whatever_train_loss_on(synth_rc):
         assert rec["loss_change"][pid] == pytest.approx(d, abs=1e-6)
     assert rec["improved_fraction"] == pytest.approx(np.mean([d <= 0 for d in change.values()]))
     assert rec["improved_fraction"] == fracs["full"][0]
+
+
+def _attacked_train(rc: dict, attack: str, steps: int, scale: float):
+    """One ``train`` message to a single (malicious) robust-regression client: its reply and data."""
+    from flwr.app import Message, RecordDict
+
+    from flowerdro.apps.client_app import app
+    from flowerdro.clients.handlers import get_runtime
+    from flowerdro.experiments import InProcessGrid
+    from flowerdro.runs import client_config, initial_arrays
+
+    rc = {**rc, "local-steps": steps, "malicious-ids": "0", "attack": attack, "attack-scale": scale}
+    grid = InProcessGrid(app, 1, rc)
+    init = initial_arrays(grid, rc, 60)
+    msg = Message(content=RecordDict({"arrays": init, "config": client_config(rc)}),
+                  dst_node_id=grid.node_ids[0], message_type="train")
+    reply = grid.send_and_receive([msg])[0]
+    rt = get_runtime(grid.contexts[grid.node_ids[0]])
+    w = reply.content["arrays"]["linear.weight"].numpy().ravel()
+    return w, reply.content["metrics"], rt.data.x_train.numpy(), rt.data.y_train.numpy()
+
+
+def test_loss_scale_and_update_scale_agree_for_one_full_batch_step_only():
+    s = 3.0
+    one = {a: _attacked_train(RR, a, 1, s)[0] for a in ("loss-scale", "update-scale")}
+    # w − η·s∇f(w) either way; float64 rounding of a d = 4 step
+    np.testing.assert_allclose(one["loss-scale"], one["update-scale"], rtol=1e-12, atol=1e-14)
+    three = {a: _attacked_train(RR, a, 3, s)[0] for a in ("loss-scale", "update-scale")}
+    assert np.abs(three["loss-scale"] - three["update-scale"]).max() > 1e-3
+
+
+def test_loss_scale_attacker_trains_on_s_times_its_mse():
+    # Prepare: a loss-scale attacker from w⁰ = 0 (the linear model's start), full batch, τ = 3.
+    s, steps = 3.0, 3
+    w, metrics, a, y = _attacked_train(RR, "loss-scale", steps, s)
+    # By hand: w ← w − η s (2/m) Aᵀ(Aw − y), and the reported losses are s·f.
+    m = len(y)
+    v = np.zeros(a.shape[1])
+    f0 = float(y @ y) / m
+    local = []
+    for _ in range(steps):
+        r = a @ v - y
+        local.append(s * float(r @ r) / m)
+        v = v - RR["lr"] * s * 2.0 / m * a.T @ r
+    np.testing.assert_allclose(w, v, rtol=1e-10)  # float64, 3 steps on 12 × 4 data
+    assert metrics["train_loss"] == pytest.approx(s * f0, rel=1e-12)
+    assert metrics["train_loss_local"] == pytest.approx(float(np.mean(local)), rel=1e-12)
+    honest = _attacked_train(RR, "none", steps, s)  # attack "none": an honest client
+    assert honest[1]["train_loss"] == pytest.approx(f0, rel=1e-12)
+
+
+def test_run_settings_say_which_attack_ran(tmp_path, synth_rc):
+    import json
+
+    attack = {"malicious-ids": "1", "attack": "loss-scale", "attack-scale": 10.0}
+    cfg = {"name": "atk", "num-rounds": 1, "seeds": [0], "num-partitions": 3, "strategies": ["fedavg", "fedmgda+"],
+           "run-config": {**synth_rc, **attack}}
+    run(cfg, output_root=tmp_path, verbose=False)
+    for label in ("fedavg", "fedmgda+"):
+        settings = json.loads((tmp_path / "atk" / label / "seed0" / "settings.json").read_text())
+        assert settings["attack"] == "loss-scale" and settings["attack_scale"] == 10.0
+        assert settings["malicious_ids"] == [1]
+    run({**cfg, "name": "honest", "run-config": synth_rc}, output_root=tmp_path, verbose=False)
+    assert "attack" not in json.loads((tmp_path / "honest" / "fedavg" / "seed0" / "settings.json").read_text())
+
+
+def test_the_old_scale_attack_name_is_refused_naming_both_scalings(synth_rc):
+    from flowerdro.strategies import build_strategy
+
+    with pytest.raises(ValueError, match="attack.*loss-scale.*update-scale"):
+        build_strategy("fedavg", {**synth_rc, "malicious-ids": "0", "attack": "scale"})
