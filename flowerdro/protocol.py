@@ -19,7 +19,7 @@ NUM_EXAMPLES, PARTITION_ID = "num-examples", "partition-id"
 
 #: Model names the clients can build (``flowerdro.models``; a test keeps the two in line).
 MODEL_NAMES: tuple[str, ...] = (
-    "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "linear", "logreg", "mlp",
+    "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "lenet", "linear", "logreg", "mlp",
 )
 
 #: Where the received model's loss ``train_loss`` is measured before local training.
