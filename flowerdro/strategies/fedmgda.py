@@ -73,7 +73,10 @@ Choices documented here
   ``improvement_before="query"``, a second ``query.loss`` at w_t. The round logs ``improved_fraction`` = #{i: f_i(w_{t+1}) ≤
   f_i(w_t)} / #answers. A bias attacker adds the same bias to both losses.
 * The method never reads a reported loss to update the model, so a client's loss-bias
-  attack has no effect on it; normalisation removes any positive scaling of an update.
+  attack has no effect on it; normalisation removes any positive scaling of an update
+  (``attack = "update-scale"``). A ``loss-scale`` attacker (the paper's §6.2.2) takes s
+  times larger local steps, which for more than one step is not a multiple of its honest
+  update.
 
 Message protocol
 ----------------
