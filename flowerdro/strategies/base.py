@@ -157,6 +157,8 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         self.comm = Communicator(self.run_name)
         self.results = ClientResults(self.loop.accuracy_metric, self.loop.loss_metric)
         self.history: list[dict[str, Any]] = []
+        #: The malicious clients' attack (NodeSettings.attack_record; set by build_strategy), in settings().
+        self.attack: dict[str, Any] = {}
         self.current_arrays: ArrayRecord | None = None
         self.wait_timeout = 120.0
         self._observers: list[Any] = []
@@ -170,10 +172,11 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         return self.loop.eval_metric or self.loop.accuracy_metric
 
     def settings(self) -> dict[str, Any]:
-        """Every setting of the run (algorithm, loop, local training) for logs and results."""
+        """Every setting of the run (algorithm, loop, local training, the attack if any) for logs and results."""
         out = {"strategy": self.name}
         for obj in (self.config, self.loop, self.training):
             out.update({f.name: getattr(obj, f.name) for f in fields(obj)})
+        out.update(self.attack)
         return out
 
     def summary(self) -> None:

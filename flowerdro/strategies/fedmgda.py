@@ -68,11 +68,15 @@ Choices documented here
 * Fairness during training (``track_improvement``, off by default): after the step the
   participants get ``query.loss`` (``loss-on = "full"``) at w_{t+1}; "before" is the
   ``train_loss`` of their train reply (the loss of the received w_t on all local training
-  data, the same code path) or, with ``improvement_before="query"``, a second
-  ``query.loss`` at w_t. The round logs ``improved_fraction`` = #{i: f_i(w_{t+1}) ≤
+  data, the same code path: the train message then sets ``train-loss-on = "full"``
+  whatever the run config says, so both losses are on the same data) or, with
+  ``improvement_before="query"``, a second ``query.loss`` at w_t. The round logs ``improved_fraction`` = #{i: f_i(w_{t+1}) ≤
   f_i(w_t)} / #answers. A bias attacker adds the same bias to both losses.
 * The method never reads a reported loss to update the model, so a client's loss-bias
-  attack has no effect on it; normalisation removes any positive scaling of an update.
+  attack has no effect on it; normalisation removes any positive scaling of an update
+  (``attack = "update-scale"``). A ``loss-scale`` attacker (the paper's §6.2.2) takes s
+  times larger local steps, which for more than one step is not a multiple of its honest
+  update.
 
 Message protocol
 ----------------
@@ -696,6 +700,9 @@ class FedMGDA(FairStrategy):
             cfg["batch-size"] = int(self.batch_size)
         if self.proximal_mu > 0:
             cfg["proximal-mu"] = self.proximal_mu
+        if self.track_improvement and self.improvement_before == "train-loss":
+            # "before" must be measured on the data "after" is (all local training data)
+            cfg["train-loss-on"] = "full"
         return cfg
 
     def query_config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:

@@ -121,7 +121,7 @@ def build_strategy(
     """
     if name not in ALGORITHMS and name not in _REGISTRY:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
-    read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
+    node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
     if name in ALGORITHMS:
         alg = ALGORITHMS[name]
         groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
@@ -134,6 +134,7 @@ def build_strategy(
         read_settings(TrainingSettings, run_config)
         strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
                                                                       run_name or name))
+    strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy

@@ -99,7 +99,7 @@ def test_lambda_logged_by_partition_for_the_sampled_fraction(synth_rc):
 
 def test_scaling_attack_changes_fedavg_but_not_fedmgda_direction(synth_rc):
     rc = {**synth_rc, "precision": "float64", "eps": 0.3}
-    attack = {"malicious-ids": "1", "attack": "scale", "attack-scale": 25.0}
+    attack = {"malicious-ids": "1", "attack": "update-scale", "attack-scale": 25.0}
     _, honest = _run("fedmgda+", rc, n=3, rounds=2)
     _, attacked = _run("fedmgda+", {**rc, **attack}, n=3, rounds=2)
     np.testing.assert_allclose(_flat(attacked), _flat(honest), rtol=1e-9, atol=1e-10)
