@@ -20,6 +20,7 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.output import RunWriter
 
 #: Message types every flowerdro server sends, whatever the algorithm.
@@ -40,6 +41,16 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
     "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
     "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+    "fedmgda+": Algorithm(FedMGDA, ("train.sgd", "query.loss"), fixed={"proximal_mu": 0.0},
+                          summary="FedMGDA+: min-norm step on normalised updates, ε-box around λ₀"),
+    "fedmgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA: MGDA on raw updates, no box, η = 1",
+                         fixed={"eps": None, "global_lr": 1.0, "lr_decay": 1.0, "proximal_mu": 0.0}),
+    "fedavg-n": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedAvg on normalised updates (FedMGDA+ with ε = 0)",
+                          fixed={"eps": 0.0, "lambda_init": "size", "proximal_mu": 0.0}),
+    "fedavg-mgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"), summary="FedAvg through the FedMGDA step",
+                             fixed={"eps": 0.0, "lambda_init": "size", "global_lr": 1.0, "lr_decay": 1.0,
+                                    "proximal_mu": 0.0}),
+    "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -60,11 +71,11 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
 adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps eval-model evaluate-model gamma global-lr grad-on gram-precision
-graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
-output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta tilt-log-cap topology track-improvement
+dual-lr-decay dual-step-scale eval-model evaluate-model gamma grad-on
+graph-p graph-radius graph-resample graph-rows graph-seed lambda-floor lambda-init
+loss-on max-tilt-weight mu mu-x num-partitions objective on-failure
+output-model pgd-step-size pgd-steps primal-lr regularizer rho sample-with-replacement
+server-lr snapshot step-rule theta tilt-log-cap topology
 """.split())
 
 
@@ -354,83 +365,3 @@ def _fedavg_fgm(s: Settings, kw: dict[str, Any]) -> FairStrategy:
 @register("fedavg-pgd")
 def _fedavg_pgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     return _adversarial("pgd", s, kw)
-
-
-# ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
-def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_init: str,
-                    proximal_mu: float = 0.0) -> dict[str, Any]:
-    """FedMGDA+-family settings from the run config (keys documented in flowerdro.strategies.fedmgda)."""
-    from flowerdro.strategies.fedmgda import (
-        DEVICES,
-        GRAM_PRECISIONS,
-        IMPROVEMENT_BEFORE,
-        LAMBDA_INITS,
-    )
-
-    return {
-        "eps": s.float("eps", eps, minimum=0.0, maximum=1.0) if eps is not None else None,
-        # Normalising is what tells the variants apart, so it is fixed by the name, never
-        # read from the (shared) run config.
-        "normalize": normalize,
-        "global_lr": s.float("global-lr", 1.0, positive=True),
-        "lr_decay": s.float("lr-decay", 1.0, positive=True, maximum=1.0),
-        "lr_decay_every": s.int("lr-decay-every", 100, minimum=1),
-        "lambda_init": s.str("lambda-init", lambda_init, choices=LAMBDA_INITS),
-        "proximal_mu": s.float("proximal-mu", proximal_mu, minimum=0.0) if proximal_mu > 0 else 0.0,
-        "local_epochs": s.float("local-epochs", 1.0, positive=True)
-        if s.has("local-epochs") and float(s.raw("local-epochs")) > 0 else None,
-        "local_steps": s.int("local-steps", 1, minimum=1) if s.has("local-steps") else None,
-        "lr": s.float("lr", 0.01, positive=True) if s.has("lr") else None,
-        "batch_size": s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        "track_improvement": s.bool("track-improvement", False),
-        "improvement_before": s.str("improvement-before", "train-loss", choices=IMPROVEMENT_BEFORE),
-        "gram_precision": s.str("gram-precision", "auto", choices=GRAM_PRECISIONS),
-        "server_device": s.str("server-device", "auto", choices=DEVICES),
-    }
-
-
-@register("fedmgda+")
-def _fedmgda_plus(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform"), name="fedmgda+", **kw)
-
-
-@register("fedmgda")
-def _fedmgda_vanilla(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # Vanilla MGDA in FL: raw updates, no ε-box, and w_{t+1} = Σ λ*_i w_i (η = 1, no decay),
-    # whatever global-lr / lr-decay the shared run config holds for FedMGDA+.
-    args = {**_fedmgda_kwargs(s, eps=None, normalize=False, lambda_init="uniform"), "global_lr": 1.0, "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedmgda", **kw)
-
-
-@register("fedavg-n")
-def _fedavg_n(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    args = _fedmgda_kwargs(s, eps=0.0, normalize=True, lambda_init="size")
-    args["eps"] = 0.0  # FedAvg-n is ε = 0 by definition
-    return FedMGDA(**args, name="fedavg-n", **kw)
-
-
-@register("fedavg-mgda")
-def _fedavg_mgda(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # FedAvg as the ε = 0 member of the family without normalisation: λ* = λ₀ ∝ n_i and
-    # w_{t+1} = w_t − Σ λ₀_i (w_t − w_i) = Σ λ₀_i w_i, the FedAvg step, whatever global-lr /
-    # lr-decay / eps the shared run config holds; it exists so that FedAvg gets the family's
-    # options (track-improvement above all), which Flower's FedAvg ("fedavg") does not have.
-    args = {**_fedmgda_kwargs(s, eps=0.0, normalize=False, lambda_init="size"), "eps": 0.0, "global_lr": 1.0,
-            "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedavg-mgda", **kw)
-
-
-@register("mgda-prox")
-def _mgda_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform", proximal_mu=0.1),
-                   name="mgda-prox", **kw)
