@@ -121,11 +121,29 @@ def test_bias_attack_changes_qfedavg_and_afl_but_not_fedmgda(synth_rc):
 
 
 def test_vanilla_fedmgda_and_mgda_prox_run_and_failures_are_dropped(synth_rc):
-    rc = {**synth_rc, "fraction-train": 1.0}
-    strategy, arrays = _run("fedmgda", rc, n=4, rounds=2, faults={2: Fault("raise", message_types=("train",))})
+    rc = {**synth_rc, "fraction-train": 1.0, "precision": "float64"}
+    strategy, arrays = _run("fedmgda", rc, n=4, rounds=1, faults={2: Fault("raise", message_types=("train",))})
     assert all(sorted(r["lambda"]) == ["0", "1", "3"] for r in strategy.history)
     assert all(r["failures"] == {"train:error": 1} for r in strategy.history)
-    assert np.all(np.isfinite(_flat(arrays)))
+    # round 1 by hand from the same clients' models: λ satisfies the QP's optimality
+    # conditions on the raw Gram G (Gλ)_i = min_j (Gλ)_j wherever λ_i > 0 (no box), and with
+    # η = 1 the new model is the λ-average of the local models
+    fresh = _grid(rc, 4)
+    init = initial_arrays(fresh, rc, 60)
+    cfg = strategy.train_config(client_config(rc), 1)
+    models = []
+    for k in (0, 1, 3):
+        msg = Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=fresh.node_ids[k],
+                      message_type="train.sgd")
+        models.append(_flat(fresh.send_and_receive([msg])[0].content["arrays"]))
+    lam = np.array([strategy.history[0]["lambda"][k] for k in ("0", "1", "3")])
+    g = _flat(init) - np.stack(models)
+    grad = (g @ g.T) @ lam
+    # optimality gap of the QP contract (1e-8 + 1e-7·f in units of max G_ii), as a slack on
+    # the gradient entries of the support
+    slack = 1e-6 * np.diag(g @ g.T).max()
+    assert np.all(grad[lam > 1e-6] <= grad.min() + slack)
+    np.testing.assert_allclose(_flat(arrays), lam @ np.stack(models), rtol=0, atol=1e-9)
     prox, arrays = _run("mgda-prox", {**rc, "proximal-mu": 0.5, "track-improvement": True,
                                       "improvement-before": "query"}, n=3, rounds=2)
     assert all(0.0 <= r["improved_fraction"] <= 1.0 for r in prox.history)
@@ -154,7 +172,7 @@ def test_inprocess_grid_pull_answers_each_message_once_in_push_order(synth_rc):
 def _one_round(rc: dict, n: int, per_pull: int | None, faults: dict | None = None) -> tuple[FairStrategy, ArrayRecord]:
     grid = InProcessGrid(client_app, n, rc, faults=faults or {}, replies_per_pull=per_pull)
     strategy = build_strategy("fedmgda+", rc)
-    strategy.pull_interval = 0.001
+    strategy.comm.pull_interval = 0.001
     init = initial_arrays(grid, rc, 60)
     res = strategy.start(grid, init, num_rounds=2, timeout=60, train_config=client_config(rc))
     return strategy, res.arrays
@@ -189,7 +207,7 @@ def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(syn
 
     grid.pull_messages = spy  # type: ignore[method-assign]
     strategy = build_strategy("fedmgda+", rc)
-    strategy.pull_interval = 0.001
+    strategy.comm.pull_interval = 0.001
     init = initial_arrays(grid, rc, 60)
     res = strategy.start(grid, init, num_rounds=1, timeout=60, train_config=client_config(rc))
     rec = strategy.history[0]
@@ -209,3 +227,42 @@ def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(syn
     lam = min_norm_weights(U @ U.T, eps=0.2)
     np.testing.assert_allclose([rec["lambda"][k] for k in ("0", "1", "3", "4")], lam, atol=1e-5)
     np.testing.assert_allclose(_flat(res.arrays), w - 0.5 * lam @ U, rtol=0, atol=1e-6)
+
+
+def test_a_resumed_fedmgda_run_equals_an_uninterrupted_run(synth_rc, tmp_path, monkeypatch):
+    # the rate schedule decays every round (its T is server state): a run stopped after round 2
+    # and resumed from its checkpoint gives the records and model of an uninterrupted run
+    from flowerdro.experiments import run
+
+    class Crash(Exception):
+        pass
+
+    def experiment(root):
+        rc = {**synth_rc, "checkpoint-every": 1, "fraction-train": 0.5, "lr-decay": 0.25, "lr-decay-every": 1,
+              "eps": 0.3}
+        return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": ["fedmgda+"],
+                "run-config": rc, "output-root": str(root)}
+
+    whole = run(experiment(tmp_path / "whole"), verbose=False)
+    original = FairStrategy._notify
+
+    def crashing(self, event, *args):
+        original(self, event, *args)
+        if event == "on_round" and args[0]["round"] == 2:
+            raise Crash
+
+    monkeypatch.setattr(FairStrategy, "_notify", crashing)
+    with pytest.raises(Crash):
+        run(experiment(tmp_path / "cut"), verbose=False)
+    monkeypatch.setattr(FairStrategy, "_notify", original)
+    resumed = run({**experiment(tmp_path / "cut"), "resume": True}, verbose=False)
+
+    def records(history):
+        return [{k: v for k, v in r.items() if k not in ("time_s", "server_step_s")} for r in history]
+
+    assert records(resumed.histories["fedmgda+"][0]) == records(whole.histories["fedmgda+"][0])
+    assert [r["global_lr"] for r in whole.histories["fedmgda+"][0]] == pytest.approx(
+        [1.0, 0.25 ** 0.25, 0.25 ** 0.5, 0.25 ** 0.75])  # β = decay^(P/T) = 0.25^(1/4), P = 1
+    a, b = whole.final_arrays["fedmgda+"][0], resumed.final_arrays["fedmgda+"][0]
+    for k in a.keys():
+        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
