@@ -179,17 +179,19 @@ def _one_round(rc: dict, n: int, per_pull: int | None, faults: dict | None = Non
 
 
 def test_replies_one_by_one_give_the_same_rounds_as_all_at_once(synth_rc):
-    # float32 model: the streamed Gram rows and the one-block Gram differ only in float32
-    # summation order, so λ and the model agree to float32 rounding
-    rc = {**synth_rc, "eps": 0.3, "global-lr": 0.5, "fraction-evaluate": 0.0}
+    # float64 model: the streamed Gram rows (matrix-vector products) and the one-block Gram
+    # (a matrix product) differ only in summation order, |δG| ≈ d·1e-16·max G_ii with d < 100
+    # parameters; λ moves by at most |δG| over the curvature on the optimal face, and 1e-9
+    # leaves a factor 1e5 for that conditioning
+    rc = {**synth_rc, "eps": 0.3, "global-lr": 0.5, "fraction-evaluate": 0.0, "precision": "float64"}
     one, w_one = _one_round(rc, 5, 1)
     block, w_block = _one_round(rc, 5, None)
     for a, b in zip(one.history, block.history, strict=True):
         assert sorted(a["lambda"]) == sorted(b["lambda"]) == ["0", "1", "2", "3", "4"]
         np.testing.assert_allclose([a["lambda"][k] for k in sorted(a["lambda"])],
-                                   [b["lambda"][k] for k in sorted(b["lambda"])], atol=1e-6)
+                                   [b["lambda"][k] for k in sorted(b["lambda"])], atol=1e-9)
         assert a["server_step_s"] >= 0.0
-    np.testing.assert_allclose(_flat(w_one), _flat(w_block), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(_flat(w_one), _flat(w_block), rtol=0, atol=1e-9)
 
 
 def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(synth_rc):
@@ -224,45 +226,15 @@ def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(syn
                       message_type="train.sgd")
         gs.append(w - _flat(fresh.send_and_receive([msg])[0].content["arrays"]))
     U = np.stack([g / np.linalg.norm(g) for g in gs])
-    lam = min_norm_weights(U @ U.T, eps=0.2)
-    np.testing.assert_allclose([rec["lambda"][k] for k in ("0", "1", "3", "4")], lam, atol=1e-5)
-    np.testing.assert_allclose(_flat(res.arrays), w - 0.5 * lam @ U, rtol=0, atol=1e-6)
-
-
-def test_a_resumed_fedmgda_run_equals_an_uninterrupted_run(synth_rc, tmp_path, monkeypatch):
-    # the rate schedule decays every round (its T is server state): a run stopped after round 2
-    # and resumed from its checkpoint gives the records and model of an uninterrupted run
-    from flowerdro.experiments import run
-
-    class Crash(Exception):
-        pass
-
-    def experiment(root):
-        rc = {**synth_rc, "checkpoint-every": 1, "fraction-train": 0.5, "lr-decay": 0.25, "lr-decay-every": 1,
-              "eps": 0.3}
-        return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": ["fedmgda+"],
-                "run-config": rc, "output-root": str(root)}
-
-    whole = run(experiment(tmp_path / "whole"), verbose=False)
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == 2:
-            raise Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(Crash):
-        run(experiment(tmp_path / "cut"), verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
-    resumed = run({**experiment(tmp_path / "cut"), "resume": True}, verbose=False)
-
-    def records(history):
-        return [{k: v for k, v in r.items() if k not in ("time_s", "server_step_s")} for r in history]
-
-    assert records(resumed.histories["fedmgda+"][0]) == records(whole.histories["fedmgda+"][0])
-    assert [r["global_lr"] for r in whole.histories["fedmgda+"][0]] == pytest.approx(
-        [1.0, 0.25 ** 0.25, 0.25 ** 0.5, 0.25 ** 0.75])  # β = decay^(P/T) = 0.25^(1/4), P = 1
-    a, b = whole.final_arrays["fedmgda+"][0], resumed.final_arrays["fedmgda+"][0]
-    for k in a.keys():
-        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+    G = U @ U.T
+    lam = np.array([rec["lambda"][k] for k in ("0", "1", "3", "4")])
+    ref = min_norm_weights(G, eps=0.2)
+    # float32 model of d < 2¹⁶ parameters: the server's normalised Gram differs from G by at
+    # most δ = 2u + 3√d·u per entry (storage rounding, then one float32 sum; see
+    # test_fedmgda_stream), so its λ is within 2δ of G's optimal value (plus the QP's
+    # 1e-8 + 1e-7·f), and the step's direction within √(that gap) of the optimal one
+    u, d = 2.0**-24, w.size
+    gap_bound = 2 * (2 * u + 3 * np.sqrt(d) * u) + 2 * (1e-8 + 1e-7 * float(ref @ G @ ref))
+    assert lam @ G @ lam - ref @ G @ ref <= gap_bound
+    move = 0.5 * np.sqrt(gap_bound) + 3 * u * np.linalg.norm(w)
+    assert np.linalg.norm(_flat(res.arrays) - (w - 0.5 * ref @ U)) <= move
