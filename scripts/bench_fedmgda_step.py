@@ -42,7 +42,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from flowerdro.core.mgda import min_norm_weights
-from flowerdro.core.mgda_step import StreamingServerStep, clip_negative_eigenvalues, fedmgda_server_step
+from flowerdro.core.mgda_step import (
+    StreamingServerStep,
+    clip_negative_eigenvalues,
+    fedmgda_server_step,
+)
 from flowerdro.experiments.inprocess import LocalGrid, ensure_task_identity
 from flowerdro.strategies.fedmgda import FedMGDA
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from flowerdro.core.mgda import min_norm_weights
+from flowerdro.core.mgda_step import fedmgda_server_step
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.baselines import FedAvgBaseline
-from flowerdro.core.mgda import min_norm_weights
-from flowerdro.core.mgda_step import fedmgda_server_step
 from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA, improved_fraction
 
 
