@@ -73,8 +73,9 @@ Choices documented here
 * Fairness during training (``track_improvement``, off by default): after the step the
   participants get ``query.loss`` (``loss-on = "full"``) at w_{t+1}; "before" is the
   ``train_loss`` of their train reply (the loss of the received w_t on all local training
-  data, the same code path) or, with ``improvement_before="query"``, a second
-  ``query.loss`` at w_t. The round logs ``improved_fraction`` = #{i: f_i(w_{t+1}) ≤
+  data, the same code path) or a second ``query.loss`` at w_t: with
+  ``improvement_before="query"``, and always when ``train-loss-on = "batch"`` (then
+  ``train_loss`` is a first-minibatch loss, not the full-data loss "after" measures). The round logs ``improved_fraction`` = #{i: f_i(w_{t+1}) ≤
   f_i(w_t)} / #answers. A bias attacker adds the same bias to both losses.
 * The method never reads a reported loss to update the model, so a client's loss-bias
   attack has no effect on it; normalisation removes any positive scaling of an update.
@@ -140,7 +141,8 @@ class FedMGDASettings(Settings):
     track_improvement: bool = setting(False, "query the participants' full training loss at w_{t+1} and log "
                                              "the fraction that did not increase")
     improvement_before: str = setting("train-loss", "where f_i(w_t) comes from: the train reply's train_loss "
-                                                    "or a second query.loss", choices=IMPROVEMENT_BEFORE)
+                                                    "or a second query.loss (always the query when "
+                                                    "train-loss-on = batch)", choices=IMPROVEMENT_BEFORE)
     gram_precision: str = setting("auto", "arithmetic of the Gram products, summed in float64 (auto: the "
                                           "model's float dtype)", choices=GRAM_PRECISIONS)
 
@@ -327,7 +329,7 @@ class FedMGDA(FairStrategy):
             last[0] = time.perf_counter()
             stream.add(batch)
 
-        track_train_loss = self.config.track_improvement and self.config.improvement_before == "train-loss"
+        track_train_loss = self.config.track_improvement and not self._before_by_query()
         replies = self.communicate_stream(grid, messages, on_replies, phase="train", reference=arrays,
                                           required_metrics=("train_loss",) if track_train_loss else ())
         if not replies:
@@ -335,6 +337,11 @@ class FedMGDA(FairStrategy):
         new_arrays, metrics = self.finish_stream(server_round, stream)
         self._extras["server_step_s"] = round(time.perf_counter() - last[0], 6)
         return replies, new_arrays, metrics
+
+    def _before_by_query(self) -> bool:
+        """Whether f_i(w_t) needs a ``query.loss``: asked for, or the train reply's ``train_loss``
+        is not the full-data loss that "after" measures (``train-loss-on = "batch"``)."""
+        return self.config.improvement_before == "query" or self.training.train_loss_on != "full"
 
     def _losses(self, grid: Grid, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                 server_round: int, phase: str) -> dict[int, float]:
@@ -346,7 +353,7 @@ class FedMGDA(FairStrategy):
     def _track(self, grid: Grid, server_round: int, old: ArrayRecord, new: ArrayRecord, config: ConfigRecord,
                replies: list[Message]) -> float | None:
         nodes = [int(r.metadata.src_node_id) for r in replies]
-        if self.config.improvement_before == "query":
+        if self._before_by_query():
             before = self._losses(grid, nodes, old, config, server_round, "improvement-before")
         else:
             before = {int(metrics_of(r)[PARTITION_ID]): float(metrics_of(r)["train_loss"]) for r in replies}

@@ -238,3 +238,17 @@ def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(syn
     assert lam @ G @ lam - ref @ G @ ref <= gap_bound
     move = 0.5 * np.sqrt(gap_bound) + 3 * u * np.linalg.norm(w)
     assert np.linalg.norm(_flat(res.arrays) - (w - 0.5 * ref @ U)) <= move
+
+
+def test_improved_fraction_is_the_same_whatever_train_loss_on(synth_rc):
+    # "before" and "after" must both be full-data losses: with train-loss-on = "batch" the
+    # train reply's train_loss is a first-minibatch loss, so "before" comes from a query at
+    # w_t. The training itself does not depend on the mode, so the records must agree.
+    rc = {**synth_rc, "precision": "float64", "batch-size": 4, "local-steps": 2, "eps": 0.5, "global-lr": 1.0,
+          "track-improvement": True, "fraction-evaluate": 0.0}
+    full, w_full = _run("fedmgda+", rc, n=5, rounds=2)
+    batch, w_batch = _run("fedmgda+", {**rc, "train-loss-on": "batch"}, n=5, rounds=2)
+    np.testing.assert_array_equal(_flat(w_full), _flat(w_batch))
+    for a, b in zip(full.history, batch.history, strict=True):
+        assert a["improved_fraction"] == b["improved_fraction"]
+        assert a["loss_change"] == pytest.approx(b["loss_change"], rel=0, abs=1e-12)
