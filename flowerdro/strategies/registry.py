@@ -20,8 +20,8 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
-from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
 from flowerdro.strategies.scaffold import SCAFFOLD
