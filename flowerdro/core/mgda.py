@@ -98,6 +98,18 @@ def project_box_simplex(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
     max(y − lo), where every x_i = lo_i, and min(y − hi), where every x_i = hi_i); the
     rounding left in Σx goes to the coordinate with the most room, so Σx = 1 to a few ulps
     and the bounds hold exactly.
+
+    Parameters
+    ----------
+    y : np.ndarray of shape (m,)
+        The point to project.
+    lo, hi : np.ndarray of shape (m,)
+        Bounds with lo ≤ hi and Σlo ≤ 1 ≤ Σhi.
+
+    Returns
+    -------
+    np.ndarray
+        argmin_x ‖x − y‖ over {Σx = 1, lo ≤ x ≤ hi}, float64.
     """
     y = np.asarray(y, dtype=np.float64)
     a, b = float(np.min(y - hi)), float(np.max(y - lo))

@@ -148,7 +148,20 @@ class FedMGDASettings(Settings):
 
 
 def update_mask(keys: Sequence[str], arrays: Sequence[np.ndarray]) -> list[bool]:
-    """Which arrays are updates: floating-point and not named as a buffer (:data:`BUFFER_NAMES`)."""
+    """Which arrays are updates: floating-point and not named as a buffer (:data:`BUFFER_NAMES`).
+
+    Parameters
+    ----------
+    keys : sequence of str
+        The arrays' keys (the clients' ``state_dict`` keys, e.g. ``"1.running_mean"``).
+    arrays : sequence of np.ndarray
+        The arrays, in the same order.
+
+    Returns
+    -------
+    list of bool
+        True for a trainable parameter (an update), False for a buffer.
+    """
     return [bool(np.issubdtype(a.dtype, np.floating)) and k.rsplit(".", 1)[-1] not in BUFFER_NAMES
             for k, a in zip(keys, arrays, strict=True)]
 
