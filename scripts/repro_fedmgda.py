@@ -61,9 +61,9 @@ def _cheap_gc() -> None:
 
     Flower's ``ArrayRecord.to_numpy_ndarrays(keep_input=False)`` (used by its QFedAvg
     aggregation) calls ``gc.collect()`` several times per round; a full collection over a
-    heap holding pandas, torch and the data costs ~1 s on this machine (q-FedAvg rounds took
-    1.9 s instead of 0.15 s). Results do not depend on it; reference counting still frees
-    the arrays immediately.
+    heap holding pandas, torch and the data can cost seconds per round, more than the
+    round's training. Results do not depend on it; reference counting still frees the
+    arrays immediately.
     """
     import gc
 
