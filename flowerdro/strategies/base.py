@@ -247,7 +247,7 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         for reply in replies:
             metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
             if metrics is not None and "partition-id" in metrics:
-                self.comm.node_to_partition[int(reply.metadata.src_node_id)] = int(metrics["partition-id"])
+                self.comm.learn(int(reply.metadata.src_node_id), int(metrics["partition-id"]))
 
     def num_train_nodes(self, num_nodes: int) -> int:
         """How many nodes to sample: ``max(min-train-nodes, round(fraction-train·N))``, at most N."""
