@@ -17,7 +17,7 @@ from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
-from flowerdro.strategies.registry import ALGORITHMS, build_strategy, register, strategy_names
+from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
 
@@ -40,6 +40,5 @@ __all__ = [
     "QFedAvgBaseline",
     "RunFailedError",
     "build_strategy",
-    "register",
     "strategy_names",
 ]

@@ -11,17 +11,17 @@ declared, before any message is sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from flowerdro.clients.config import Settings
 from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA, DRFAProx
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
 from flowerdro.strategies.scaffold import SCAFFOLD
@@ -63,38 +63,23 @@ ALGORITHMS: dict[str, Algorithm] = {
                            summary="FedRobust: local GDA against per-client affine shifts"),
     "fedavg-fgm": Algorithm(FedAvgFGM, ("train.fgm",), summary="FedAvg over FGM adversarial training"),
     "fedavg-pgd": Algorithm(FedAvgPGD, ("train.pgd",), summary="FedAvg over PGD adversarial training"),
+    "fedmgda+": Algorithm(FedMGDA, ("train.sgd", "query.loss"), fixed={"proximal_mu": 0.0},
+                          summary="FedMGDA+: min-norm step on normalised updates, ε-box around λ₀"),
+    "fedmgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"),
+                         fixed={"eps": None, "global_lr": 1.0, "lr_decay": 1.0, "proximal_mu": 0.0},
+                         summary="FedMGDA: MGDA on raw updates, no box, η = 1"),
+    "fedavg-n": Algorithm(FedMGDA, ("train.sgd", "query.loss"),
+                          fixed={"eps": 0.0, "lambda_init": "size", "proximal_mu": 0.0},
+                          summary="FedAvg on normalised updates (FedMGDA+ with ε = 0)"),
+    "fedavg-mgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"), summary="FedAvg through the FedMGDA step",
+                             fixed={"eps": 0.0, "lambda_init": "size", "global_lr": 1.0, "lr_decay": 1.0,
+                                    "proximal_mu": 0.0}),
+    "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
-
-Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
-_REGISTRY: dict[str, Factory] = {}
-
-
-def register(name: str) -> Callable[[Factory], Factory]:
-    """Register a factory ``(settings, common_kwargs) -> FairStrategy`` under ``name``."""
-
-    def deco(fn: Factory) -> Factory:
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
-
-
-#: Run-config keys of the algorithms still built by the factories below (until each has a
-#: settings class, these are the keys the factories read).
-_LEGACY_KEYS = frozenset("""
-eps global-lr gram-precision improvement-before lambda-init lr-decay lr-decay-every proximal-mu
-server-device track-improvement
-""".split())
-
-
-def legacy_keys() -> set[str]:
-    """Run-config keys read by algorithms that have no settings class yet."""
-    return set(_LEGACY_KEYS) if _REGISTRY else set()
-
 
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
-    return tuple(sorted({*ALGORITHMS, *_REGISTRY}))
+    return tuple(sorted(ALGORITHMS))
 
 
 def loop_settings(run_config: Mapping[str, Any], **fixed: Any) -> LoopSettings:
@@ -103,11 +88,6 @@ def loop_settings(run_config: Mapping[str, Any], **fixed: Any) -> LoopSettings:
     if loop.eval_metric is None and _is_regression(run_config):
         loop = replace(loop, eval_metric=loop.loss_metric)
     return loop
-
-
-def common_kwargs(s: Settings, run_config: Mapping[str, Any], run_name: str) -> dict[str, Any]:
-    """The round loop's settings (sampling fractions, seed, …) and the run's label."""
-    return {"loop": loop_settings(run_config), "run_name": run_name}
 
 
 def build_strategy(
@@ -124,21 +104,17 @@ def build_strategy(
     With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the run's
     files there (``resume`` / ``overwrite``: what to do with a folder that holds a run).
     """
-    if name not in ALGORITHMS and name not in _REGISTRY:
+    if name not in ALGORITHMS:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
-    read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
-    if name in ALGORITHMS:
-        alg = ALGORITHMS[name]
-        groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
-        fixed = [{k: v for k, v in alg.fixed.items() if k in {f.name for f in fields(cls)}} for cls in groups]
-        strategy = alg.strategy(read_settings(groups[0], run_config, **fixed[0]),
-                                loop=loop_settings(run_config, **fixed[1]),
-                                training=read_settings(TrainingSettings, run_config, **fixed[2]),
-                                run_name=run_name or name)
-    else:
-        read_settings(TrainingSettings, run_config)
-        strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
-                                                                      run_name or name))
+    node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
+    alg = ALGORITHMS[name]
+    groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
+    fixed = [{k: v for k, v in alg.fixed.items() if k in {f.name for f in fields(cls)}} for cls in groups]
+    strategy = alg.strategy(read_settings(groups[0], run_config, **fixed[0]),
+                            loop=loop_settings(run_config, **fixed[1]),
+                            training=read_settings(TrainingSettings, run_config, **fixed[2]),
+                            run_name=run_name or name)
+    strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
@@ -153,81 +129,3 @@ def _is_regression(run_config: Mapping[str, Any]) -> bool:
     return dataset in REGRESSION_DATASETS
 
 
-# ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
-def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_init: str,
-                    proximal_mu: float = 0.0) -> dict[str, Any]:
-    """FedMGDA+-family settings from the run config (keys documented in flowerdro.strategies.fedmgda)."""
-    from flowerdro.strategies.fedmgda import (
-        DEVICES,
-        GRAM_PRECISIONS,
-        IMPROVEMENT_BEFORE,
-        LAMBDA_INITS,
-    )
-
-    return {
-        "eps": s.float("eps", eps, minimum=0.0, maximum=1.0) if eps is not None else None,
-        # Normalising is what tells the variants apart, so it is fixed by the name, never
-        # read from the (shared) run config.
-        "normalize": normalize,
-        "global_lr": s.float("global-lr", 1.0, positive=True),
-        "lr_decay": s.float("lr-decay", 1.0, positive=True, maximum=1.0),
-        "lr_decay_every": s.int("lr-decay-every", 100, minimum=1),
-        "lambda_init": s.str("lambda-init", lambda_init, choices=LAMBDA_INITS),
-        "proximal_mu": s.float("proximal-mu", proximal_mu, minimum=0.0) if proximal_mu > 0 else 0.0,
-        "local_epochs": s.float("local-epochs", 1.0, positive=True)
-        if s.has("local-epochs") and float(s.raw("local-epochs")) > 0 else None,
-        "local_steps": s.int("local-steps", 1, minimum=1) if s.has("local-steps") else None,
-        "lr": s.float("lr", 0.01, positive=True) if s.has("lr") else None,
-        "batch_size": s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        "track_improvement": s.bool("track-improvement", False),
-        "improvement_before": s.str("improvement-before", "train-loss", choices=IMPROVEMENT_BEFORE),
-        "gram_precision": s.str("gram-precision", "auto", choices=GRAM_PRECISIONS),
-        "server_device": s.str("server-device", "auto", choices=DEVICES),
-    }
-
-
-@register("fedmgda+")
-def _fedmgda_plus(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform"), name="fedmgda+", **kw)
-
-
-@register("fedmgda")
-def _fedmgda_vanilla(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # Vanilla MGDA in FL: raw updates, no ε-box, and w_{t+1} = Σ λ*_i w_i (η = 1, no decay),
-    # whatever global-lr / lr-decay the shared run config holds for FedMGDA+.
-    args = {**_fedmgda_kwargs(s, eps=None, normalize=False, lambda_init="uniform"), "global_lr": 1.0, "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedmgda", **kw)
-
-
-@register("fedavg-n")
-def _fedavg_n(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    args = _fedmgda_kwargs(s, eps=0.0, normalize=True, lambda_init="size")
-    args["eps"] = 0.0  # FedAvg-n is ε = 0 by definition
-    return FedMGDA(**args, name="fedavg-n", **kw)
-
-
-@register("fedavg-mgda")
-def _fedavg_mgda(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # FedAvg as the ε = 0 member of the family without normalisation: λ* = λ₀ ∝ n_i and
-    # w_{t+1} = w_t − Σ λ₀_i (w_t − w_i) = Σ λ₀_i w_i, the FedAvg step, whatever global-lr /
-    # lr-decay / eps the shared run config holds; it exists so that FedAvg gets the family's
-    # options (track-improvement above all), which Flower's FedAvg ("fedavg") does not have.
-    args = {**_fedmgda_kwargs(s, eps=0.0, normalize=False, lambda_init="size"), "eps": 0.0, "global_lr": 1.0,
-            "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedavg-mgda", **kw)
-
-
-@register("mgda-prox")
-def _mgda_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform", proximal_mu=0.1),
-                   name="mgda-prox", **kw)

@@ -145,8 +145,9 @@ def test_client_failing_in_query_phase_is_dropped_and_round_completes(synth_rc):
     # partition 1's loss is never seen (v_1 = 0 every round): it only loses weight and sits at the floor
     assert all(r["lambda"]["1"] == pytest.approx(0.2, abs=1e-12) for r in st.history)
     assert all(min(r["lambda"].values()) >= 0.2 - 1e-12 for r in st.history)
-    # round 1: partition 1's node fails discovery, is learned from its evaluate reply, then trains
-    assert st.history[0]["failures"] == {"discover:error": 1}
+    # the round loop's roll call (query.init) learns every partition, so the failing loss
+    # query costs partition 1 nothing before it is first queried
+    assert st.history[0]["failures"] == {}
     later = st.history[1:]
     assert any(1 in r["sampled"] for r in later)
     assert not any("train:error" in r["failures"] for r in st.history)

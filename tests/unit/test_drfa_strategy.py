@@ -263,7 +263,8 @@ def test_loss_query_receives_the_snapshot_average_and_lambda_follows_its_losses(
         assert t_prime < tau, "the snapshot is the final model in this round; choose another seed"
         step = np.mean([app.deltas[p] for p in sampled], axis=0)
         w_snap, w_next = w_bar + (t_prime / tau) * step, w_bar + step  # w(t′) and w̄(s+1)
-        got = [w for rnd, _, w in app.queried_models if rnd == s][n if s == 1 else 0:]  # round 1 starts with discovery
+        # the round's loss queries are its last messages of that type (round 1 may start with discovery)
+        got = [w for rnd, _, w in app.queried_models if rnd == s][-len(set(queried)):]
         assert got and all(np.allclose(w, w_snap, rtol=0, atol=1e-15) for w in got)  # float64 sums of 3 terms
 
         def lam_after(w, lam=lam, queried=queried):
