@@ -153,7 +153,7 @@ def main() -> int:
                       file=sys.stderr)
                 subprocess.run([flwr, "stop", run_id], env=env, capture_output=True)
                 break
-            time.sleep(2.0)
+            time.sleep(10.0)  # each `flwr ls` is a process that imports Flower
         try:
             stream.wait(timeout=30 if status == "finished:completed" else 5)  # the log's last lines
         except subprocess.TimeoutExpired:

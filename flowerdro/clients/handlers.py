@@ -129,7 +129,21 @@ def get_runtime(context: Context) -> ClientRuntime:
     data_cfg = DataConfig.from_run_config(context.run_config, num_partitions=n)
     kwargs: tuple[tuple[str, Any], ...] = (("hidden", str(s.raw("hidden", "128,64"))),)
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
+    _set_threads(s.int("threads", 1, minimum=0))
     return _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision)
+
+
+def _set_threads(threads: int) -> None:
+    """Use ``threads`` torch threads (0: leave torch's default of one per core).
+
+    A reduction split over more threads sums in another order, so a full-data loss or
+    gradient can differ in its last bit with the core count; one thread per client makes
+    a seed's results the same on every machine.
+    """
+    import torch
+
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def settings_for(message: Message, context: Context) -> Settings:
