@@ -17,6 +17,10 @@ The page marks what this script owns with two kinds of blocks:
       runner's columns, :data:`flowerdro.runs.report.COLUMNS`);
     * ``rows=fedavg,drfa`` — the labels shown, in order (default: all, in config order);
     * ``scale=100`` — multiply every number (percent); ``digits=2`` — decimals (default 4);
+    * a column ``reach:KEY:THRESHOLD`` (e.g. ``reach:acc_worst:0.5``) — the first round
+      whose KEY is at least THRESHOLD, from the round logs
+      (:func:`flowerdro.runs.report.first_round_reaching`), over the seeds that reach it,
+      with the count of seeds that never do;
     * ``last=K`` — recompute each run's numbers as the mean over its last K evaluated
       rounds from ``<label>/seed<k>/rounds.jsonl`` (:func:`flowerdro.runs.report.final_summary`)
       instead of the runner's ``last-rounds``;
@@ -53,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from flowerdro.runs.report import COLUMNS, final_summary  # noqa: E402
+from flowerdro.runs.report import COLUMNS, final_summary, first_round_reaching  # noqa: E402
 from flowerdro.runs.results import load_comparison  # noqa: E402
 
 PAGE = ROOT / "docs" / "results.md"
@@ -100,6 +104,29 @@ def seed_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[s
     :func:`~flowerdro.runs.report.final_summary` over its last K evaluated rounds; with
     ``source=robustness`` each seed of ``robustness.json`` flattened.
     """
+    values = _base_values(exp_dir, opts)
+    reach = [c for c in opts.get("columns", "").split(",") if c.startswith("reach:")]
+    if values is None or not reach:
+        return values
+    runs = load_comparison(exp_dir) if exp_dir.is_dir() else {}
+    for label, per_seed in values.items():
+        for seed, entry in zip(_seeds(exp_dir, opts, runs.get(label, {})), per_seed, strict=False):
+            history = runs.get(label, {}).get(seed)
+            for column in reach if history is not None else ():
+                _, key, threshold = column.split(":")
+                first = first_round_reaching(history, key, float(threshold))
+                entry[column] = float("nan") if first is None else float(first)
+    return values
+
+
+def _seeds(exp_dir: Path, opts: Mapping[str, str], runs: Mapping[int, Any]) -> list[int]:
+    """The seeds of a label's per-seed entries, in their order."""
+    if opts.get("source", "summary") == "summary" and "last" not in opts:
+        return [int(s) for s in json.loads((exp_dir / "summary.json").read_text()).get("seeds", [])]
+    return sorted(runs)
+
+
+def _base_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[str, float]]] | None:
     source = opts.get("source", "summary")
     path = exp_dir / SOURCES[source]
     if source == "robustness":
@@ -118,6 +145,9 @@ def seed_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[s
 
 
 def _header(key: str) -> str:
+    if key.startswith("reach:"):
+        _, inner, threshold = key.split(":")
+        return f"first round {HEADERS.get(inner, inner)} ≥ {threshold}"
     if "@" in key:
         sweep, radius = key.split("@", 1)
         if sweep in SWEEP_HEADERS:
@@ -129,6 +159,10 @@ def _cell(values: Sequence[float], scale: float, digits: int) -> str:
     """``mean ± std`` over seeds (population std, ddof = 0); one seed: the value alone."""
     if not values:
         return "–"
+    if any(np.isnan(values)):  # a reach column: rounds, over the seeds that reach the threshold
+        reached = [v for v in values if not np.isnan(v)]
+        never = f"{len(values) - len(reached)} of {len(values)} never"
+        return f"{_cell(reached, 1.0, 0)} ({never})" if reached else "never"
     arr = np.asarray(values, dtype=float) * scale
     if arr.size == 1:
         return f"{arr[0]:.{digits}f}"
@@ -158,7 +192,8 @@ def render_table(name: str, values: Mapping[str, Sequence[Mapping[str, float]]],
     scale, digits = float(opts.get("scale", 1)), int(opts.get("digits", 4))
     lines = ["| strategy | " + " | ".join(_header(c) for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for label in labels:
-        cells = [_cell([s[c] for s in values[label] if c in s], scale, digits) for c in columns]
+        cells = [_cell([s[c] for s in values[label] if c in s], *((1.0, 0) if c.startswith("reach:") else
+                                                                 (scale, digits))) for c in columns]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *kept]) + "\n"
 

@@ -173,3 +173,18 @@ def test_figure_is_redrawn_and_check_compares_it(tmp_path):
     assert script.main([*args, "--check"]) == 0  # drawing is deterministic
     _rounds(results, "exp", "drfa", 0, [{"round": 1, "acc_mean": 0.9, "acc_worst20": 0.9, "client_acc": {"0": 0.9}}])
     assert script.main([*args, "--check"]) == 1
+
+
+def test_reach_column_counts_the_seeds_that_never_reach(tmp_path):
+    results = tmp_path / "results"
+    worst = {0: [0.2, 0.5, 0.6], 1: [0.1, 0.2, 0.3, 0.7], 2: [0.4, 0.3, 0.2]}  # first round >= 0.5: 2, 4, never
+    _summary(results, "exp", {"drfa": [{"acc_worst": w[-1]} for w in worst.values()]})
+    for seed, ws in worst.items():
+        _rounds(results, "exp", "drfa", seed, [{"round": r + 1, "acc_worst": w} for r, w in enumerate(ws)])
+    page = tmp_path / "results.md"
+    page.write_text("<!-- table:exp columns=reach:acc_worst:0.5,acc_worst scale=100 digits=1 -->\n<!-- /table -->\n")
+    assert _script().main(["--page", str(page), "--results", str(results)]) == 0
+    # rounds 2 and 4: mean 3, std 1, in whole rounds whatever digits says; the third seed never;
+    # final worst 60, 70, 20 %: mean 50.0, std sqrt((100 + 400 + 900)/3) = 21.6
+    assert ("| strategy | first round worst ≥ 0.5 | worst |\n|---|---|---|\n"
+            "| drfa | 3 ± 1 (1 of 3 never) | 50.0 ± 21.6 |\n") in page.read_text()
