@@ -227,7 +227,8 @@ def update_page(page: Path, results: Path, check: bool = False) -> tuple[str, li
         if kind == "table":
             values = seed_values(exp_dir, opts)
             if values is None:
-                missing.append(f"table:{name} (no {exp_dir / SOURCES[opts.get('source', 'summary')]})")
+                where = "runs under " + str(exp_dir) if "last" in opts else exp_dir / SOURCES[opts.get("source", "summary")]
+                missing.append(f"table:{name} (no {where})")
                 return m.group(0)
             kept = [ln for ln in body.splitlines() if re.match(r"\|\s*paper", ln)]
             new = render_table(name, values, opts, kept)
