@@ -188,3 +188,17 @@ def test_reach_column_counts_the_seeds_that_never_reach(tmp_path):
     # final worst 60, 70, 20 %: mean 50.0, std sqrt((100 + 400 + 900)/3) = 21.6
     assert ("| strategy | first round worst ≥ 0.5 | worst |\n|---|---|---|\n"
             "| drfa | 3 ± 1 (1 of 3 never) | 50.0 ± 21.6 |\n") in page.read_text()
+
+
+def test_the_results_pages_parse_and_link_existing_figures(tmp_path, capsys):
+    # every block of docs/results.md has valid options (an empty results/ leaves them all as they are) ...
+    page = ROOT / "docs" / "results.md"
+    new, changed, missing = _script().update_page(page, tmp_path / "results", check=True)
+    assert new == page.read_text() and changed == []
+    assert "table:main_job (no " in " ".join(missing)
+    # ... and every image the results pages show exists
+    import re
+
+    for md in [page, *sorted((ROOT / "docs" / "results").glob("*.md"))]:
+        for link in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", md.read_text()):
+            assert (md.parent / link).is_file(), f"{md.name} links a missing figure {link}"
