@@ -136,12 +136,19 @@ def _base_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[
         return {label: [_flatten(e) for _, e in sorted(entry.get("seeds", {}).items(), key=lambda kv: int(kv[0]))]
                 for label, entry in report.get("strategies", {}).items()}
     if "last" in opts:
-        runs = load_comparison(exp_dir) if exp_dir.is_dir() else {}
+        runs = _in_config_order(exp_dir, load_comparison(exp_dir) if exp_dir.is_dir() else {})
         last = int(opts["last"])
         return {label: [final_summary(h, last=last) for h in seeds.values()] for label, seeds in runs.items()} or None
     if not path.is_file():
         return None
     return json.loads(path.read_text())["summaries"]
+
+
+def _in_config_order(exp_dir: Path, runs: dict[str, Any]) -> dict[str, Any]:
+    """``runs`` with its labels in the order of the experiment's ``summary.json`` (the config's), others after."""
+    path = exp_dir / "summary.json"
+    order = list(json.loads(path.read_text()).get("summaries", {})) if path.is_file() else []
+    return {label: runs[label] for label in [*(x for x in order if x in runs), *(x for x in runs if x not in order)]}
 
 
 def _header(key: str) -> str:
@@ -202,7 +209,7 @@ def _figure(exp_dir: Path, opts: Mapping[str, str], name: str, path: Path) -> bo
     """Draw the comparison figure of an experiment to ``path``; False when it has no runs."""
     from flowerdro.plots import plot_comparison
 
-    runs = load_comparison(exp_dir) if exp_dir.is_dir() else {}
+    runs = _in_config_order(exp_dir, load_comparison(exp_dir) if exp_dir.is_dir() else {})
     if not runs:
         return False
     labels = _selected(f"figure:{name}", list(runs), opts.get("rows"))

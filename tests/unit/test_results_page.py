@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -197,8 +198,6 @@ def test_the_results_pages_parse_and_link_existing_figures(tmp_path, capsys):
     assert new == page.read_text() and changed == []
     assert "table:main_job (no " in " ".join(missing)
     # ... and every image the results pages show exists
-    import re
-
     for md in [page, *sorted((ROOT / "docs" / "results").glob("*.md"))]:
         for link in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", md.read_text()):
             assert (md.parent / link).is_file(), f"{md.name} links a missing figure {link}"
