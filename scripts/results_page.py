@@ -15,6 +15,8 @@ The page marks what this script owns with two kinds of blocks:
 
     * ``columns=acc_mean,acc_worst20`` — the summary keys shown, in order (default: the
       runner's columns, :data:`flowerdro.runs.report.COLUMNS`);
+    * ``per-seed=acc_worst20`` — instead of ``columns``, one column per seed of this one
+      number, then its mean ± std;
     * ``rows=fedavg,drfa`` — the labels shown, in order (default: all, in config order);
     * ``scale=100`` — multiply every number (percent); ``digits=2`` — decimals (default 4);
     * a column ``reach:KEY:THRESHOLD`` (e.g. ``reach:acc_worst:0.5``) — the first round
@@ -61,10 +63,11 @@ from flowerdro.runs.report import COLUMNS, final_summary, first_round_reaching  
 from flowerdro.runs.results import load_comparison  # noqa: E402
 
 PAGE = ROOT / "docs" / "results.md"
-BLOCK = re.compile(r"<!-- (table|figure):([A-Za-z0-9_.+-]+)((?: [a-z]+=\S+)*) -->\n(.*?)<!-- /\1 -->", re.S)
+BLOCK = re.compile(r"<!-- (table|figure):([A-Za-z0-9_.+-]+)((?: [a-z-]+=\S+)*) -->\n(.*?)<!-- /\1 -->", re.S)
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
-OPTIONS = {"table": ("columns", "rows", "scale", "digits", "last", "source"), "figure": ("rows",)}
+OPTIONS = {"table": ("columns", "rows", "scale", "digits", "last", "source", "per-seed"), "figure": ("rows",)}
 SOURCES = {"summary": "summary.json", "robustness": "robustness.json"}
+SEED = "_seed"  # the seed of a per-seed entry, added by seed_values
 HEADERS = {**dict(COLUMNS), "clean": "clean acc", "fed_acc_mean": "mean acc (shifted nodes)",
            "fed_acc_worst": "worst (shifted nodes)", "lambda-dev-fro": "‖Λ_i − I‖_F", "delta-norm": "‖δ_i‖₂"}
 SWEEP_HEADERS = {"affine_lambda": "worst affine, ‖Λ−I‖_F ≤ {r}", "affine_delta": "worst affine, ‖δ‖₂ ≤ {r}",
@@ -110,20 +113,13 @@ def seed_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[s
         return values
     runs = load_comparison(exp_dir) if exp_dir.is_dir() else {}
     for label, per_seed in values.items():
-        for seed, entry in zip(_seeds(exp_dir, opts, runs.get(label, {})), per_seed, strict=False):
-            history = runs.get(label, {}).get(seed)
+        for entry in per_seed:
+            history = runs.get(label, {}).get(entry.get(SEED))
             for column in reach if history is not None else ():
                 _, key, threshold = column.split(":")
                 first = first_round_reaching(history, key, float(threshold))
                 entry[column] = float("nan") if first is None else float(first)
     return values
-
-
-def _seeds(exp_dir: Path, opts: Mapping[str, str], runs: Mapping[int, Any]) -> list[int]:
-    """The seeds of a label's per-seed entries, in their order."""
-    if opts.get("source", "summary") == "summary" and "last" not in opts:
-        return [int(s) for s in json.loads((exp_dir / "summary.json").read_text()).get("seeds", [])]
-    return sorted(runs)
 
 
 def _base_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[str, float]]] | None:
@@ -133,15 +129,20 @@ def _base_values(exp_dir: Path, opts: Mapping[str, str]) -> dict[str, list[dict[
         if not path.is_file():
             return None
         report = json.loads(path.read_text())
-        return {label: [_flatten(e) for _, e in sorted(entry.get("seeds", {}).items(), key=lambda kv: int(kv[0]))]
+        return {label: [{**_flatten(e), SEED: int(k)} for k, e in sorted(entry.get("seeds", {}).items(),
+                                                                         key=lambda kv: int(kv[0]))]
                 for label, entry in report.get("strategies", {}).items()}
     if "last" in opts:
         runs = _in_config_order(exp_dir, load_comparison(exp_dir) if exp_dir.is_dir() else {})
         last = int(opts["last"])
-        return {label: [final_summary(h, last=last) for h in seeds.values()] for label, seeds in runs.items()} or None
+        return {label: [{**final_summary(h, last=last), SEED: seed} for seed, h in seeds.items()]
+                for label, seeds in runs.items()} or None
     if not path.is_file():
         return None
-    return json.loads(path.read_text())["summaries"]
+    summary = json.loads(path.read_text())
+    seeds = [int(s) for s in summary.get("seeds", [])]
+    return {label: [{**entry, **({SEED: seeds[i]} if i < len(seeds) else {})} for i, entry in enumerate(runs)]
+            for label, runs in summary["summaries"].items()}
 
 
 def _in_config_order(exp_dir: Path, runs: dict[str, Any]) -> dict[str, Any]:
@@ -194,14 +195,29 @@ def render_table(name: str, values: Mapping[str, Sequence[Mapping[str, float]]],
     with std = sqrt(mean((x_s − mean)²)) (ddof = 0); ``kept`` rows (the paper's) follow.
     """
     labels = _selected(f"table:{name}", list(values), opts.get("rows"))
+    scale, digits = float(opts.get("scale", 1)), int(opts.get("digits", 4))
+    if "per-seed" in opts:
+        return _per_seed_table(values, labels, opts["per-seed"], scale, digits, kept)
     present = [k for k, _ in COLUMNS if any(k in s for lab in labels for s in values[lab])]
     columns = [c for c in opts["columns"].split(",") if c] if "columns" in opts else present
-    scale, digits = float(opts.get("scale", 1)), int(opts.get("digits", 4))
     lines = ["| strategy | " + " | ".join(_header(c) for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for label in labels:
         cells = [_cell([s[c] for s in values[label] if c in s], *((1.0, 0) if c.startswith("reach:") else
                                                                  (scale, digits))) for c in columns]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, *kept]) + "\n"
+
+
+def _per_seed_table(values: Mapping[str, Sequence[Mapping[str, float]]], labels: Sequence[str], key: str,
+                    scale: float, digits: int, kept: Sequence[str]) -> str:
+    """One column per seed of the number ``key``, then its mean ± std over the seeds."""
+    seeds = sorted({int(s[SEED]) for label in labels for s in values[label] if SEED in s and key in s})
+    lines = ["| strategy | " + " | ".join(f"seed {k}" for k in seeds) + f" | {_header(key)}, mean ± std |",
+             "|---" * (len(seeds) + 2) + "|"]
+    for label in labels:
+        by_seed = {int(s[SEED]): s[key] for s in values[label] if SEED in s and key in s}
+        cells = [_cell([by_seed[k]], scale, digits) if k in by_seed else "–" for k in seeds]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_cell(list(by_seed.values()), scale, digits)} |")
     return "\n".join([*lines, *kept]) + "\n"
 
 

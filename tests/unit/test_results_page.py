@@ -197,7 +197,24 @@ def test_the_results_pages_parse_and_link_existing_figures(tmp_path, capsys):
     new, changed, missing = _script().update_page(page, tmp_path / "results", check=True)
     assert new == page.read_text() and changed == []
     assert "table:main_job (no " in " ".join(missing)
+    text = page.read_text()
+    assert len(missing) == text.count("<!-- table:") + text.count("<!-- figure:")  # no marker went unparsed
     # ... and every image the results pages show exists
     for md in [page, *sorted((ROOT / "docs" / "results").glob("*.md"))]:
         for link in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", md.read_text()):
             assert (md.parent / link).is_file(), f"{md.name} links a missing figure {link}"
+
+
+def test_per_seed_table_shows_every_seed_then_mean_and_std(tmp_path):
+    results = tmp_path / "results"
+    _summary(results, "main_job", {"fedavg": [{"acc_worst20": 0.2}, {"acc_worst20": 0.3}, {"acc_worst20": 0.4}],
+                                   "drfa": [{"acc_worst20": 0.5}, {"acc_worst20": 0.5}, {"acc_worst20": 0.8}]})
+    page = tmp_path / "results.md"
+    page.write_text("<!-- table:main_job per-seed=acc_worst20 scale=100 digits=1 -->\n<!-- /table -->\n")
+    assert _script().main(["--page", str(page), "--results", str(results)]) == 0
+    # fedavg 20, 30, 40 %: mean 30, std sqrt(200/3) = 8.2; drfa 50, 50, 80: mean 60, std sqrt(600/3) = 14.1
+    assert page.read_text() == ("<!-- table:main_job per-seed=acc_worst20 scale=100 digits=1 -->\n"
+                                "| strategy | seed 0 | seed 1 | seed 2 | worst-20%, mean ± std |\n"
+                                "|---|---|---|---|---|\n"
+                                "| fedavg | 20.0 | 30.0 | 40.0 | 30.0 ± 8.2 |\n"
+                                "| drfa | 50.0 | 50.0 | 80.0 | 60.0 ± 14.1 |\n<!-- /table -->\n")
