@@ -171,9 +171,15 @@ def _received_arrays(message: Message) -> ArrayRecord:
 
 
 def _local_steps(s: Settings, num_train: int, batch_size: int) -> int:
-    if s.has("local-epochs") and float(s.raw("local-epochs")) > 0:
-        return steps_from_epochs(s.float("local-epochs", 1.0, positive=True), num_train, batch_size)
-    return s.int("local-steps", 10, minimum=1)
+    """τ from the first layer that sets ``local-steps`` or ``local-epochs`` (epochs when > 0).
+
+    A message that sets ``local-steps`` (an algorithm's τ) is never overridden by a
+    ``local-epochs`` of the node's run config.
+    """
+    layer = s.first_layer("local-steps", "local-epochs")
+    if layer.has("local-epochs") and float(layer.raw("local-epochs")) > 0:
+        return steps_from_epochs(layer.float("local-epochs", 1.0, positive=True), num_train, batch_size)
+    return layer.int("local-steps", 10, minimum=1)
 
 
 # --------------------------------------------------------------------------- attacks

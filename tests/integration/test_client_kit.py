@@ -265,3 +265,26 @@ def test_a_missing_loss_function_and_an_unknown_metric_name_are_refused(synth_rc
     msg = Message(content=RecordDict({"arrays": init}), dst_node_id=grid.node_ids[0], message_type="evaluate")
     with pytest.raises(ValueError, match=r"'accuracy' is not among test_fn's metrics \['acc'\]"):
         kit.client_app()(msg, grid.contexts[grid.node_ids[0]])
+
+
+# --------------------------------------------------------------------------- protocol traps
+def test_fairness_numbers_read_the_configured_metric_names(synth_rc):
+    kit = own_pieces_kit(synth_rc, 3, accuracy_metric="eval_acc", loss_metric="eval_loss")
+    rc = {**synth_rc, "accuracy-metric": "eval_acc", "loss-metric": "eval_loss"}
+    recs, _ = _records(kit.client_app(), "fedavg", rc, n=3)
+    own, _ = _records(flowerdro_app, "fedavg", synth_rc, n=3)
+    assert [r["acc_worst"] for r in recs] == [r["acc_worst"] for r in own]
+    assert [r["loss_mean"] for r in recs] == [r["loss_mean"] for r in own]
+
+
+@pytest.mark.parametrize("name", ["drfa", "afl", "scaffpd"])
+def test_a_clients_own_local_epochs_does_not_override_the_algorithms_local_steps(synth_rc, name):
+    # the server's run config has no local-epochs; the nodes' run config (the user's project) has 1
+    rc = {**synth_rc, **ALGO_KEYS}
+    plain, _ = _records(flowerdro_app, name, rc)
+    grid = InProcessGrid(flowerdro_app, 4, {**rc, "local-epochs": 1})
+    strategy = build_strategy(name, rc)
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=2, timeout=60, train_config=client_config(rc))
+    recs = [{k: v for k, v in r.items() if k not in VOLATILE} for r in strategy.history]
+    assert not any(r["failures"] for r in recs)
+    assert recs == plain
