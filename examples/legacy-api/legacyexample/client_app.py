@@ -41,5 +41,5 @@ def client_fn(context: Context):
     return FlowerClient(net, trainloader, valloader, local_epochs).to_client()
 
 
-# Flower ClientApp: the NumPyClient above also serves every flowerdro strategy
+# Flower ClientApp
 app = LegacyClientApp(client_fn, loss_fn=torch.nn.CrossEntropyLoss())

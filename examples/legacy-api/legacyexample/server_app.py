@@ -17,7 +17,7 @@ def server_fn(context: Context):
     ndarrays = get_weights(Net())
     parameters = ndarrays_to_parameters(ndarrays)
 
-    # Define strategy: any flowerdro strategy, chosen by the run config's "strategy" key
+    # Define strategy
     strategy = LegacyStrategy(context.run_config["strategy"], context.run_config, num_rounds=num_rounds,
                               initial_parameters=parameters)
     config = ServerConfig(num_rounds=num_rounds)

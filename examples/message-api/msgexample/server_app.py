@@ -1,7 +1,7 @@
 """msgexample: a Flower / PyTorch app."""
 
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flowerdro.strategies import build_strategy
 
@@ -17,18 +17,23 @@ def main(grid: Grid, context: Context) -> None:
 
     # Read run config
     num_rounds: int = context.run_config["num-server-rounds"]
+    lr: float = context.run_config["lr"]
 
     # Load global model
     torch.manual_seed(0)
     global_model = Net()
     arrays = ArrayRecord(global_model.state_dict())
 
-    # Any flowerdro strategy, chosen by the run config's "strategy" key
+    # Initialize FedAvg strategy
     strategy = build_strategy(context.run_config["strategy"], context.run_config)
 
-    # Start strategy, run for `num_rounds`
-    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=num_rounds)
+    # Start strategy, run FedAvg for `num_rounds`
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        train_config=ConfigRecord({"lr": lr}),
+        num_rounds=num_rounds,
+    )
 
-    # Per-round fairness numbers (mean and worst client accuracy) and the final model
-    print("worst-client accuracy per round:", [r.get("acc_worst") for r in strategy.history])
+    # Save final model
     global_model.load_state_dict(result.arrays.to_torch_state_dict())
