@@ -41,8 +41,16 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
-from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters,
-                         parameters_to_ndarrays)
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -108,7 +116,7 @@ class LegacyStrategy(Strategy):
         if self.initial_parameters is not None:
             values = parameters_to_ndarrays(self.initial_parameters)
             keys = list(named.keys())
-            if len(values) != len(keys) or any(tuple(v.shape) != tuple(named[k].shape) for k, v in zip(keys, values)):
+            if len(values) != len(keys) or any(tuple(v.shape) != tuple(named[k].shape) for k, v in zip(keys, values, strict=True)):
                 raise ValueError(
                     "initial_parameters: expected the client model's arrays in state_dict order "
                     f"{[(k, tuple(named[k].shape)) for k in keys]}, got shapes {[tuple(v.shape) for v in values]}")

@@ -52,8 +52,15 @@ from torch.nn import functional as F
 
 from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
-from flowerdro.clients.training import LossFn, LocalData, batch_loss, default_device, evaluate_model, \
-    make_generator, minibatches
+from flowerdro.clients.training import (
+    LocalData,
+    LossFn,
+    batch_loss,
+    default_device,
+    evaluate_model,
+    make_generator,
+    minibatches,
+)
 
 __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 
@@ -371,6 +378,7 @@ class ClientKit:
         """The function that answers ``message_type`` with the user's pieces."""
         if message_type not in ROUTES:
             raise ValueError(f"message_type: unknown {message_type!r}; allowed: {', '.join(ROUTES)}")
+        inner: Callable[[Message, Context], Message]
         if message_type == "evaluate":
             inner = self._evaluate
         elif message_type in USER_LOOP_ROUTES and self.train_fn is not None:
@@ -466,13 +474,13 @@ class ClientKit:
                 acc = acc[self.test_accuracy_key]
             if self.task == "classification" and acc is not None:
                 values[self.accuracy_metric] = float(acc)
-        return Message(content=RecordDict({"metrics": MetricRecord(values)}), reply_to=message)
+        return Message(content=RecordDict({"metrics": MetricRecord(values)}), reply_to=message)  # type: ignore[arg-type]
 
 
 def _epochs(message: Message, context: Context) -> float:
     """The first positive ``local-epochs`` of the message or the run config, else 1."""
     for layer in (message.content.config_records.get("config") or {}, context.run_config):
-        value = layer.get("local-epochs")
+        value: Any = layer.get("local-epochs")
         if value not in (None, "") and float(value) > 0:
             return float(value)
     return 1.0

@@ -111,7 +111,6 @@ def test_an_unchanged_numpyclient_still_serves_flowers_own_legacy_strategy():
     grid = InProcessGrid(client.app, 3, config)
     grid.set_run(SimpleNamespace(run_id=1))
     import torch
-
     from legacyexample.task import Net, get_weights
 
     torch.manual_seed(0)

@@ -3,8 +3,8 @@
 import torch
 from flwr.client import NumPyClient
 from flwr.common import Context
-from flowerdro.legacy import LegacyClientApp
 
+from flowerdro.legacy import LegacyClientApp
 from legacyexample.task import Net, get_weights, load_data, set_weights, test, train
 
 

@@ -3,8 +3,8 @@
 import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
-from flowerdro.legacy import LegacyStrategy
 
+from flowerdro.legacy import LegacyStrategy
 from legacyexample.task import Net, get_weights
 
 

@@ -3,8 +3,8 @@
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flowerdro.clients import ClientKit, add_routes
 
+from flowerdro.clients import ClientKit, add_routes
 from msgexample.task import Net, load_data
 from msgexample.task import test as test_fn
 from msgexample.task import train as train_fn

@@ -3,8 +3,8 @@
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flowerdro.strategies import build_strategy
 
+from flowerdro.strategies import build_strategy
 from msgexample.task import Net
 
 # Create ServerApp
