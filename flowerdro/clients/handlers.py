@@ -323,13 +323,15 @@ def init_reply(message: Message, context: Context) -> Message:
     """A freshly initialised model (weights seeded by ``model-seed``, else ``seed``).
 
     Lets the server get initial weights without loading any data itself (deployments).
+    With ``weights = false`` in the message's config the reply holds only the metrics
+    (partition id, number of examples and classes): the server's roll call.
     """
     rt = get_runtime(context)
     s = settings_for(message, context)
-    model = rt.new_model(seed=s.int("model-seed", s.int("seed", 0)))
     metrics = MetricRecord(
         {"num-examples": rt.data.num_train, "partition-id": rt.partition_id, "num-classes": rt.num_classes}
     )
-    return Message(
-        content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=message
-    )
+    content = RecordDict({"metrics": metrics})
+    if s.bool("weights", True):
+        content["arrays"] = ArrayRecord(rt.new_model(seed=s.int("model-seed", s.int("seed", 0))).state_dict())
+    return Message(content=content, reply_to=message)

@@ -201,10 +201,17 @@ class FairStrategy(_TransitionalAttributes, Strategy):
 
     # ------------------------------------------------------------------ nodes and sampling
     def nodes(self, grid: Grid) -> list[int]:
-        """Connected node ids, sorted; waits (up to ``wait_timeout``) for ``min-available-nodes``."""
+        """Connected node ids in partition order; waits (up to ``wait_timeout``) for ``min-available-nodes``.
+
+        Nodes whose partition is known come first, by partition id, then the others by node
+        id: sampling draws positions in this list, so a seed selects the same partitions
+        whatever ids the nodes got (simulation, deployment and in-process runs agree).
+        """
         start = time.monotonic()
         while True:
-            ids = sorted(int(n) for n in grid.get_node_ids())
+            part = self.comm.node_to_partition
+            ids = sorted((int(n) for n in grid.get_node_ids()),
+                         key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
             if len(ids) >= self.loop.min_available_nodes:
                 return ids
             if time.monotonic() - start > self.wait_timeout:
@@ -349,7 +356,8 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Put the server back in the state of ``checkpoint``; returns the global model."""
         self._round = int(checkpoint["round"])
         self.rng.bit_generator.state = checkpoint["rng"]
-        self.comm.node_to_partition = dict(checkpoint["node_to_partition"])
+        # what the nodes connected now said of themselves wins over the checkpoint's map
+        self.comm.node_to_partition = {**dict(checkpoint["node_to_partition"]), **self.comm.node_to_partition}
         self.comm.partitions_seen = set(checkpoint["partitions_seen"])
         self.comm.failures = list(checkpoint["failures"])
         self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}

@@ -20,7 +20,11 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
+from flowerdro.strategies.scaffold import SCAFFOLD
+from flowerdro.strategies.scaffpd import SCAFFPD
 
 #: Message types every flowerdro server sends, whatever the algorithm.
 COMMON_ROUTES = ("evaluate", "query.init")
@@ -40,6 +44,18 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
     "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
     "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+    "drdsgd": Algorithm(DRDSGD, ("train.drdsgd",), fixed={"fraction_train": 1.0},
+                        summary="DR-DSGD: tilted local steps (h/μ) + Metropolis gossip"),
+    "dsgd": Algorithm(DSGD, ("train.dsgd",), fixed={"fraction_train": 1.0},
+                      summary="DSGD: plain local SGD steps + Metropolis gossip"),
+    "scaffpd": Algorithm(SCAFFPD, ("query.loss_grad", "train.scaffpd"), fixed={"local_epochs": 0.0},
+                         summary="SCAFF-PD: accelerated primal-dual with control variates"),
+    "scaffold": Algorithm(SCAFFOLD, ("train.scaffold",), fixed={"local_epochs": 0.0},
+                          summary="SCAFFOLD, option II"),
+    "fedrobust": Algorithm(FedRobust, ("train.fedrobust", "query.affine_state"),
+                           summary="FedRobust: local GDA against per-client affine shifts"),
+    "fedavg-fgm": Algorithm(FedAvgFGM, ("train.fgm",), summary="FedAvg over FGM adversarial training"),
+    "fedavg-pgd": Algorithm(FedAvgPGD, ("train.pgd",), summary="FedAvg over PGD adversarial training"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -59,12 +75,10 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps eval-model evaluate-model gamma global-lr grad-on gram-precision
-graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
-output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta tilt-log-cap topology track-improvement
+client-sampling clients-per-round dual-lr dual-lr-decay dual-step-scale eps evaluate-model
+global-lr gram-precision improvement-before lambda-floor lambda-init loss-on lr-decay
+lr-decay-every num-partitions output-model proximal-mu regularizer rho sample-with-replacement
+server-device snapshot track-improvement
 """.split())
 
 
@@ -123,61 +137,6 @@ def build_strategy(
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
-
-
-def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:
-    """Graph and local-step settings shared by DR-DSGD and DSGD (see flowerdro.strategies.drdsgd)."""
-    from flowerdro.strategies.drdsgd import EVAL_MODELS
-
-    topology = s.str("topology", "erdos_renyi")
-    return {
-        "topology": topology,
-        "p": s.float("graph-p", 0.3) if topology == "erdos_renyi" else None,
-        "radius": s.float("graph-radius", 0.5) if topology == "geometric" else None,
-        "rows": (s.int("graph-rows", 0, minimum=0) or None) if topology == "grid" else None,
-        "resample": s.bool("graph-resample", False),
-        "graph_seed": s.int("graph-seed", 0, minimum=0) if s.has("graph-seed") else None,
-        "num_nodes": s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        "local_steps": s.int("local-steps", 1, minimum=1),
-        "eval_model": s.str("eval-model", "own", choices=EVAL_MODELS),
-    }
-
-
-def _every_device(kw: dict[str, Any], name: str) -> dict[str, Any]:
-    """Decentralised SGD steps every device each iteration: full participation by definition.
-
-    A comparison shares one run config, so a ``fraction-train`` meant for the other
-    strategies is overridden here (with a warning) instead of failing the whole run;
-    constructing ``DRDSGD`` directly with a fraction below 1 is still an error.
-    """
-    from dataclasses import replace
-
-    loop = kw["loop"]
-    if loop.fraction_train != 1.0:
-        from logging import WARNING
-
-        from flwr.common import log
-
-        log(WARNING, "%s: fraction-train=%s ignored; every device steps every iteration", name, loop.fraction_train)
-    return {**kw, "loop": replace(loop, fraction_train=1.0)}
-
-
-@register("drdsgd")
-def _drdsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import DEFAULT_LOG_CAP, MIN_LOG_CAP, drdsgd
-
-    # max-tilt-weight M (cap h/mu at M, not in the paper) or tilt-log-cap c = log M; not both.
-    return drdsgd(mu=s.float("mu", 6.0, positive=True),
-                  log_cap=s.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
-                  max_tilt_weight=s.float("max-tilt-weight", 1.0, positive=True) if s.has("max-tilt-weight") else None,
-                  **_drdsgd_kwargs(s), **_every_device(kw, "drdsgd"))
-
-
-@register("dsgd")
-def _dsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import dsgd
-
-    return dsgd(**_drdsgd_kwargs(s), **_every_device(kw, "dsgd"))
 
 
 # ---------------------------------------------------------------- DRFA / DRFA-Prox / AFL
@@ -260,7 +219,7 @@ def _afl_full(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     return DRFA(**args, **kw)
 
 
-# ---------------------------------------------------------------- SCAFF-PD / SCAFFOLD
+# ---------------------------------------------------------------- data sets
 def _is_regression(run_config: Mapping[str, Any]) -> bool:
     """Whether the run's data set has real-valued targets (its clients report a test loss only)."""
     from flowerdro.data.config import REGRESSION_DATASETS
@@ -269,91 +228,6 @@ def _is_regression(run_config: Mapping[str, Any]) -> bool:
     return dataset in REGRESSION_DATASETS
 
 
-@register("scaffpd")
-def _scaffpd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffpd import (
-        FAILURE_POLICIES,
-        GRAD_ON,
-        SCAFFPD,
-        SCAFFPD_OBJECTIVES,
-        STEP_RULES,
-    )
-
-    mu_default = s.float("weight-decay", 0.0, minimum=0.0)
-    strategy = SCAFFPD(
-        objective=s.str("objective", "chi2", choices=SCAFFPD_OBJECTIVES),
-        rho=s.float("rho", 0.1, minimum=0.0),
-        alpha=s.float("cvar-alpha", 0.5, positive=True, maximum=1.0),
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.01, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        step_rule=s.str("step-rule", "5.2", choices=STEP_RULES),
-        primal_lr=s.float("primal-lr", 1.0, positive=True) if s.has("primal-lr") else None,
-        dual_lr=s.float("dual-lr", 0.1, positive=True),
-        gamma=s.float("gamma", 1.0, positive=True) if s.has("gamma") else None,
-        theta=s.float("theta", 1.0, minimum=0.0) if s.has("theta") else None,
-        mu_x=s.float("mu-x", mu_default, minimum=0.0),
-        grad_on=s.str("grad-on", "full", choices=GRAD_ON),
-        on_failure=s.str("on-failure", "reuse", choices=FAILURE_POLICIES),
-        num_partitions=s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        **kw,
-    )
-    return strategy
-
-
-@register("scaffold")
-def _scaffold(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffold import SCAFFOLD
-
-    strategy = SCAFFOLD(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.05, positive=True),
-        server_lr=s.float("server-lr", 1.0, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-    return strategy
-
-
-# ---------------------------------------------------------------- FedRobust and adversarial training
-@register("fedrobust")
-def _fedrobust(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import FedRobust
-
-    return FedRobust(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        adv_lr=s.float("adv-lr", 0.01, positive=True),
-        affine_lambda=s.float("affine-lambda", 1.0, minimum=0.0),
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        affine_max_dim=s.int("affine-max-dim", 3072, minimum=1) if s.has("affine-max-dim") else None,
-        **kw,
-    )
-
-
-def _adversarial(kind: str, s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import AdversarialTraining
-
-    return AdversarialTraining(
-        kind,
-        adv_eps=s.float("adv-eps", 1.0, minimum=0.0),
-        pgd_steps=s.int("pgd-steps", 10, minimum=1),
-        pgd_step_size=s.float("pgd-step-size", 0.1, positive=True) if s.has("pgd-step-size") else None,
-        local_steps=s.int("local-steps", 10, minimum=1) if s.has("local-steps") else None,
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-
-
-@register("fedavg-fgm")
-def _fedavg_fgm(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("fgm", s, kw)
-
-
-@register("fedavg-pgd")
-def _fedavg_pgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("pgd", s, kw)
 
 
 # ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
