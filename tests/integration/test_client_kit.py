@@ -288,3 +288,26 @@ def test_a_clients_own_local_epochs_does_not_override_the_algorithms_local_steps
     recs = [{k: v for k, v in r.items() if k not in VOLATILE} for r in strategy.history]
     assert not any(r["failures"] for r in recs)
     assert recs == plain
+
+
+def test_dr_dsgd_with_a_loss_its_client_step_cannot_use_is_refused(synth_rc):
+    import inspect
+
+    from flowerdro.clients.drdsgd import drdsgd_local_step
+
+    kit = own_pieces_kit(synth_rc, 2)
+    kit.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    app = kit.client_app()  # every other strategy is served
+    grid = InProcessGrid(app, 2, synth_rc)
+    init = initial_arrays(grid, synth_rc, 60)
+    from flwr.app import Message
+
+    cfg = client_config(synth_rc)
+    cfg["mu"], cfg["server-round"] = 6.0, 1
+    msg = Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=grid.node_ids[0],
+                  message_type="train.drdsgd")
+    if "loss_fn" in inspect.signature(drdsgd_local_step).parameters:
+        assert not app(msg, grid.contexts[grid.node_ids[0]]).has_error()  # the step takes the user's loss
+    else:
+        with pytest.raises(ValueError, match="loss_fn: the DR-DSGD/DSGD client step"):
+            app(msg, grid.contexts[grid.node_ids[0]])
