@@ -280,7 +280,8 @@ class Communicator:
             return "bad-metrics", str(exc)
         for key in (NUM_EXAMPLES, *required_metrics):
             if key not in metrics:
-                return "bad-metrics", f"metric '{key}' missing"
+                return "bad-metrics", (f"metric '{key}' missing (the reply has {', '.join(sorted(metrics.keys()))}; "
+                                       "an evaluate reply's names are set by accuracy-metric / loss-metric)")
         for key, value in metrics.items():
             vals = value if isinstance(value, list) else [value]
             if any(isinstance(v, float) and not math.isfinite(v) for v in vals):

@@ -311,3 +311,12 @@ def test_dr_dsgd_with_a_loss_its_client_step_cannot_use_is_refused(synth_rc):
     else:
         with pytest.raises(ValueError, match="loss_fn: the DR-DSGD/DSGD client step"):
             app(msg, grid.contexts[grid.node_ids[0]])
+
+
+def test_evaluate_replies_under_other_names_are_dropped_with_the_names_they_carry(synth_rc):
+    kit = own_pieces_kit(synth_rc, 2, accuracy_metric="eval_acc", loss_metric="eval_loss")
+    grid = InProcessGrid(kit.client_app(), 2, synth_rc)
+    strategy = build_strategy("fedavg", synth_rc)  # the server expects test_acc
+    strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+    reasons = {f.reason for f in strategy.failures if f.phase == "evaluate"}
+    assert len(reasons) == 1 and "eval_acc" in reasons.pop()
