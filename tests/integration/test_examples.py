@@ -119,3 +119,29 @@ def test_an_unchanged_numpyclient_still_serves_flowers_own_legacy_strategy():
                                                  min_fit_clients=3, min_evaluate_clients=3),
                       config=ServerConfig(num_rounds=1))
     assert len(hist.losses_distributed) == 1
+
+
+def _changed_lines(before: Path, after: Path) -> int:
+    """Non-blank lines added or modified in ``after`` relative to ``before`` (a modified line counts once)."""
+    import difflib
+
+    a, b = before.read_text().splitlines(), after.read_text().splitlines()
+    changed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        added = [line for line in b[j1:j2] if line.strip()]
+        removed = [line for line in a[i1:i2] if line.strip()]
+        changed += max(len(added), len(removed))
+    return changed
+
+
+@pytest.mark.parametrize("example,package,limit", [("message-api", "msgexample", 10), ("legacy-api", "legacyexample", 15)])
+def test_converting_the_quickstart_changes_few_lines(example, package, limit):
+    before = Path(__file__).resolve().parents[1] / "fixtures" / "quickstart" / example
+    after = EXAMPLES / example
+    counts = {name: _changed_lines(before / name, after / (name if name == "pyproject.toml" else f"{package}/{name}"))
+              for name in ("client_app.py", "server_app.py", "pyproject.toml")}
+    assert sum(counts.values()) <= limit, counts
+    # the project's own model, data and train/test are untouched
+    assert "def train(" in (after / package / "task.py").read_text()
