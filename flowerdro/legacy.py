@@ -58,6 +58,7 @@ from torch import nn
 
 from flowerdro.clients.kit import ClientKit, TrainArgs
 from flowerdro.clients.training import LossFn
+from flowerdro.strategies.messaging import missing_route_hint
 
 __all__ = ["LegacyClientApp", "LegacyStrategy"]
 
@@ -112,7 +113,11 @@ class LegacyStrategy(Strategy):
         """The initial model: the names and shapes of a client's model, the values of ``initial_parameters``."""
         from flowerdro.runs import initial_arrays
 
-        named = initial_arrays(self._grid(client_manager), self.run_config, self.timeout)
+        try:
+            named = initial_arrays(self._grid(client_manager), self.run_config, self.timeout)
+        except RuntimeError as exc:
+            hint = missing_route_hint(str(exc))
+            raise RuntimeError(f"{exc}" + (f"\n=> {hint}" if hint else "")) from exc
         if self.initial_parameters is not None:
             values = parameters_to_ndarrays(self.initial_parameters)
             keys = list(named.keys())

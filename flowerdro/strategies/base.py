@@ -434,12 +434,16 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         return result
 
     def _no_train_reply(self) -> bool:
-        """Whether this round's training phase was sent but brought no valid reply."""
-        fails = [f for f in self.comm.failures_of_round() if f.phase == "train"]
+        """Whether this round brought no valid training reply although its exchanges failed.
+
+        Any phase but evaluation counts: when a query that comes first fails everywhere
+        (DRFA's discovery, SCAFF-PD's loss/gradient), no training message is sent at all.
+        """
+        fails = [f for f in self.comm.failures_of_round() if f.phase != "evaluate"]
         return bool(fails) and self.comm.valid_replies.get("train", 0) == 0
 
     def _failure_message(self, rounds: int) -> str:
-        fails = [f for f in self.failures if f.phase == "train" and f.round > self._round - rounds]
+        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > self._round - rounds]
         reason = self.comm.most_frequent_reason(fails) or "unknown"
         hint = missing_route_hint(reason)
         return (f"[{self.run_name}] no valid training reply in {rounds} rounds in a row (max-failed-rounds = "

@@ -145,3 +145,36 @@ def test_converting_the_quickstart_changes_few_lines(example, package, limit):
     assert sum(counts.values()) <= limit, counts
     # the project's own model, data and train/test are untouched
     assert "def train(" in (after / package / "task.py").read_text()
+
+
+def test_a_legacy_server_against_an_unchanged_legacy_client_app_names_the_wrapper():
+    from types import SimpleNamespace
+
+    from flwr.clientapp import ClientApp
+
+    config, client, server = _project("legacy-api", "legacyexample")
+    rc = {**config, "strategy": "drfa", "num-server-rounds": 2}
+    grid = InProcessGrid(ClientApp(client_fn=client.client_fn), 3, rc)
+    grid.set_run(SimpleNamespace(run_id=1))
+    with pytest.raises(RuntimeError, match="LegacyClientApp"):
+        server.app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+
+
+def test_a_message_api_server_against_a_legacy_client_app_fails_naming_the_wrapper():
+    from flwr.clientapp import ClientApp
+
+    from flowerdro.strategies import RunFailedError, build_strategy
+
+    config, client, _ = _project("legacy-api", "legacyexample")
+    _, _, msg_server = _project("message-api", "msgexample")
+    grid = InProcessGrid(ClientApp(client_fn=client.client_fn), 3, config)
+    strategy = build_strategy("drfa", config)
+    import torch
+
+    torch.manual_seed(0)
+    from flwr.app import ArrayRecord
+
+    arrays = ArrayRecord(msg_server.Net().state_dict())
+    with pytest.raises(RunFailedError, match="LegacyClientApp") as err:
+        strategy.start(grid, arrays, num_rounds=5, timeout=60)
+    assert len(strategy.history) == 3 and "Invalid message type: query.loss" in str(err.value)
