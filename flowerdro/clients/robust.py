@@ -66,6 +66,7 @@ from flowerdro.clients.training import (
     clone_state,
     make_generator,
     minibatches,
+    seeded_global_rng,
 )
 from flowerdro.core.affine import (
     DEFAULT_MAX_DIM,
@@ -204,24 +205,25 @@ def fedrobust_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, dev)
     loss_sum = 0.0
-    model.train()
-    for _ in range(steps):
-        idx = next(batches)
-        model.zero_grad(set_to_none=True)
-        lam.requires_grad_(True)
-        delta.requires_grad_(True)
-        loss = criterion(model(apply_affine(data.x_train[idx], lam, delta)), data.y_train[idx])
-        loss.backward()
-        loss_sum += float(loss.detach())
-        with torch.no_grad():
-            g_lam, g_delta = lam.grad, delta.grad
-            assert g_lam is not None and g_delta is not None
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-            new_lam, new_delta = affine_ascent_update(lam, delta, g_lam, g_delta, adv_lr=adv_lr, penalty=penalty,
-                                                      eye=eye)
-        lam, delta = new_lam.detach(), new_delta.detach()
+    with seeded_global_rng(generator):  # dropout layers draw from it
+        model.train()
+        for _ in range(steps):
+            idx = next(batches)
+            model.zero_grad(set_to_none=True)
+            lam.requires_grad_(True)
+            delta.requires_grad_(True)
+            loss = criterion(model(apply_affine(data.x_train[idx], lam, delta)), data.y_train[idx])
+            loss.backward()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                g_lam, g_delta = lam.grad, delta.grad
+                assert g_lam is not None and g_delta is not None
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
+                new_lam, new_delta = affine_ascent_update(lam, delta, g_lam, g_delta, adv_lr=adv_lr,
+                                                          penalty=penalty, eye=eye)
+            lam, delta = new_lam.detach(), new_delta.detach()
     res = TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
                       loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
     return res, lam, delta
@@ -237,6 +239,8 @@ def adversarial_local(
     For t = 1..τ: x̃_j = x_j + v_j with v_j from :func:`~flowerdro.models.affine.pgd_l2_attack`
     at the current w (FGM: one step of size ε; PGD: K = ``attack_steps`` projected steps of
     size α = ``attack_step_size``, default 2.5ε/K), then w ← w − η ∇_w (1/|B|) Σ ℓ(f_w(x̃_j), y_j).
+    The attack ascends the same loss ℓ = ``loss_fn`` the step descends (cross-entropy when
+    unset, MSE on a regression task).
     """
     _check_common(steps, lr, batch_size)
     if kind not in ADVERSARIAL_KINDS:
@@ -249,22 +253,24 @@ def adversarial_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, data.x_train.device)
     loss_sum = 0.0
-    for _ in range(steps):
-        idx = next(batches)
-        xb, yb = data.x_train[idx], data.y_train[idx]
-        if kind == "fgm":
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps)
-        else:
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size)
-        model.train()
-        model.zero_grad(set_to_none=True)
-        loss = criterion(model(xa), yb)
-        loss.backward()
-        loss_sum += float(loss.detach())
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
+    with seeded_global_rng(generator):  # dropout layers draw from it
+        for _ in range(steps):
+            idx = next(batches)
+            xb, yb = data.x_train[idx], data.y_train[idx]
+            if kind == "fgm":
+                xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps, loss_fn=loss_fn)
+            else:
+                xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size,
+                                   loss_fn=loss_fn)
+            model.train()
+            model.zero_grad(set_to_none=True)
+            loss = criterion(model(xa), yb)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
     return TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
                        loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
 

@@ -105,29 +105,6 @@ def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) ->
                        f"first reason: {reasons[0] if reasons else 'no reply'}")
 
 
-def roll_call(grid: Grid, timeout: float) -> dict[int, int]:
-    """Ask every connected node for its partition id (``query.init`` with ``weights = false``).
-
-    The strategies order nodes by partition (see :meth:`FairStrategy.nodes`), so the same
-    seed samples the same partitions whatever node ids the simulation or the deployment
-    gave out. Nodes that do not answer are left out (they are learnt from their first reply).
-    """
-    nodes = sorted(int(n) for n in grid.get_node_ids())
-    cfg = ConfigRecord({"weights": False})
-    messages = [Message(content=RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.init")
-                for nid in nodes]
-    found: dict[int, int] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        if reply.has_error():
-            continue
-        metrics = reply.content.metric_records.get("metrics")
-        if metrics is not None and "partition-id" in metrics:
-            found[int(reply.metadata.src_node_id)] = int(metrics["partition-id"])
-    if len(found) < len(nodes):
-        log(WARNING, "roll call: %d of %d nodes said their partition", len(found), len(nodes))
-    return found
-
-
 def run_plans(
     plans: Sequence[Plan],
     grid_for: Callable[[Plan], Grid],
@@ -164,7 +141,6 @@ def run_plans(
         checkpoint = _latest_checkpoint(strategy) if resume else None
         grid = grid_for(plan)
         init = initial_arrays(grid, plan.run_config, timeout)
-        strategy.comm.node_to_partition.update(roll_call(grid, timeout))
         # Libraries and data sets are loaded now and live for the whole run. Flower forces
         # gc.collect() in ArrayRecord.to_numpy_ndarrays(keep_input=False) (q-FedAvg calls it
         # per reply); without freezing, each collection walks this large heap.

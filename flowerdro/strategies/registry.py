@@ -21,6 +21,7 @@ from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
 from flowerdro.strategies.scaffold import SCAFFOLD
@@ -56,6 +57,18 @@ ALGORITHMS: dict[str, Algorithm] = {
                            summary="FedRobust: local GDA against per-client affine shifts"),
     "fedavg-fgm": Algorithm(FedAvgFGM, ("train.fgm",), summary="FedAvg over FGM adversarial training"),
     "fedavg-pgd": Algorithm(FedAvgPGD, ("train.pgd",), summary="FedAvg over PGD adversarial training"),
+    "fedmgda+": Algorithm(FedMGDA, ("train.sgd", "query.loss"), fixed={"proximal_mu": 0.0},
+                          summary="FedMGDA+: min-norm step on normalised updates, ε-box around λ₀"),
+    "fedmgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"),
+                         fixed={"eps": None, "global_lr": 1.0, "lr_decay": 1.0, "proximal_mu": 0.0},
+                         summary="FedMGDA: MGDA on raw updates, no box, η = 1"),
+    "fedavg-n": Algorithm(FedMGDA, ("train.sgd", "query.loss"),
+                          fixed={"eps": 0.0, "lambda_init": "size", "proximal_mu": 0.0},
+                          summary="FedAvg on normalised updates (FedMGDA+ with ε = 0)"),
+    "fedavg-mgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"), summary="FedAvg through the FedMGDA step",
+                             fixed={"eps": 0.0, "lambda_init": "size", "global_lr": 1.0, "lr_decay": 1.0,
+                                    "proximal_mu": 0.0}),
+    "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -75,10 +88,9 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-client-sampling clients-per-round dual-lr dual-lr-decay dual-step-scale eps evaluate-model
-global-lr gram-precision improvement-before lambda-floor lambda-init loss-on lr-decay
-lr-decay-every num-partitions output-model proximal-mu regularizer rho sample-with-replacement
-server-device snapshot track-improvement
+client-sampling clients-per-round dual-lr dual-lr-decay dual-step-scale evaluate-model
+lambda-floor lambda-init loss-on num-partitions output-model regularizer rho
+sample-with-replacement snapshot
 """.split())
 
 
@@ -121,7 +133,7 @@ def build_strategy(
     """
     if name not in ALGORITHMS and name not in _REGISTRY:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
-    read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
+    node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
     if name in ALGORITHMS:
         alg = ALGORITHMS[name]
         groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
@@ -134,6 +146,7 @@ def build_strategy(
         read_settings(TrainingSettings, run_config)
         strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
                                                                       run_name or name))
+    strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
@@ -228,83 +241,3 @@ def _is_regression(run_config: Mapping[str, Any]) -> bool:
     return dataset in REGRESSION_DATASETS
 
 
-
-
-# ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
-def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_init: str,
-                    proximal_mu: float = 0.0) -> dict[str, Any]:
-    """FedMGDA+-family settings from the run config (keys documented in flowerdro.strategies.fedmgda)."""
-    from flowerdro.strategies.fedmgda import (
-        DEVICES,
-        GRAM_PRECISIONS,
-        IMPROVEMENT_BEFORE,
-        LAMBDA_INITS,
-    )
-
-    return {
-        "eps": s.float("eps", eps, minimum=0.0, maximum=1.0) if eps is not None else None,
-        # Normalising is what tells the variants apart, so it is fixed by the name, never
-        # read from the (shared) run config.
-        "normalize": normalize,
-        "global_lr": s.float("global-lr", 1.0, positive=True),
-        "lr_decay": s.float("lr-decay", 1.0, positive=True, maximum=1.0),
-        "lr_decay_every": s.int("lr-decay-every", 100, minimum=1),
-        "lambda_init": s.str("lambda-init", lambda_init, choices=LAMBDA_INITS),
-        "proximal_mu": s.float("proximal-mu", proximal_mu, minimum=0.0) if proximal_mu > 0 else 0.0,
-        "local_epochs": s.float("local-epochs", 1.0, positive=True)
-        if s.has("local-epochs") and float(s.raw("local-epochs")) > 0 else None,
-        "local_steps": s.int("local-steps", 1, minimum=1) if s.has("local-steps") else None,
-        "lr": s.float("lr", 0.01, positive=True) if s.has("lr") else None,
-        "batch_size": s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        "track_improvement": s.bool("track-improvement", False),
-        "improvement_before": s.str("improvement-before", "train-loss", choices=IMPROVEMENT_BEFORE),
-        "gram_precision": s.str("gram-precision", "auto", choices=GRAM_PRECISIONS),
-        "server_device": s.str("server-device", "auto", choices=DEVICES),
-    }
-
-
-@register("fedmgda+")
-def _fedmgda_plus(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform"), name="fedmgda+", **kw)
-
-
-@register("fedmgda")
-def _fedmgda_vanilla(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # Vanilla MGDA in FL: raw updates, no ε-box, and w_{t+1} = Σ λ*_i w_i (η = 1, no decay),
-    # whatever global-lr / lr-decay the shared run config holds for FedMGDA+.
-    args = {**_fedmgda_kwargs(s, eps=None, normalize=False, lambda_init="uniform"), "global_lr": 1.0, "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedmgda", **kw)
-
-
-@register("fedavg-n")
-def _fedavg_n(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    args = _fedmgda_kwargs(s, eps=0.0, normalize=True, lambda_init="size")
-    args["eps"] = 0.0  # FedAvg-n is ε = 0 by definition
-    return FedMGDA(**args, name="fedavg-n", **kw)
-
-
-@register("fedavg-mgda")
-def _fedavg_mgda(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # FedAvg as the ε = 0 member of the family without normalisation: λ* = λ₀ ∝ n_i and
-    # w_{t+1} = w_t − Σ λ₀_i (w_t − w_i) = Σ λ₀_i w_i, the FedAvg step, whatever global-lr /
-    # lr-decay / eps the shared run config holds; it exists so that FedAvg gets the family's
-    # options (track-improvement above all), which Flower's FedAvg ("fedavg") does not have.
-    args = {**_fedmgda_kwargs(s, eps=0.0, normalize=False, lambda_init="size"), "eps": 0.0, "global_lr": 1.0,
-            "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedavg-mgda", **kw)
-
-
-@register("mgda-prox")
-def _mgda_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform", proximal_mu=0.1),
-                   name="mgda-prox", **kw)

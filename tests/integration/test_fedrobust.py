@@ -147,10 +147,12 @@ def test_a_node_with_a_new_id_serving_the_same_partition_continues_with_its_shif
     rc = {**synth_rc, **ROBUST}
     whole, whole_res, _, whole_log = _restart_run(rc)
     cut, cut_res, grid, log = _restart_run(rc, restart_at=3)
-    # round 3 finds an unknown node while partition 1's shift has no known node: it asks it once
-    queries = [m for m, _ in log if m.metadata.message_type == QUERY_AFFINE_STATE]
-    assert [int(m.metadata.dst_node_id) for m in queries] == [grid.new_id]
-    assert not any(m.metadata.message_type == QUERY_AFFINE_STATE for m, _ in whole_log)
+    # round 3 finds an unknown node: the round loop's roll call asks it its partition once,
+    # so FedRobust never needs its own query
+    queries = [m for m, _ in log if m.metadata.message_type == "query.init"
+               and int(m.metadata.dst_node_id) == grid.new_id]
+    assert len(queries) == 1 and not queries[0].content["config"]["weights"]
+    assert not any(m.metadata.message_type == QUERY_AFFINE_STATE for m, _ in [*log, *whole_log])
     sent = [m for m, _ in log if m.metadata.message_type == TRAIN_FEDROBUST
             and int(m.metadata.dst_node_id) == grid.new_id]
     assert [m.content["config"]["affine-rounds"] for m in sent] == [2, 3]
@@ -166,11 +168,11 @@ def test_a_node_with_a_new_id_serving_the_same_partition_continues_with_its_shif
 
 
 def test_a_reply_trained_from_a_fresh_shift_never_overwrites_the_stored_one(synth_rc):
-    # The restarted node cannot be asked (its query fails), so round 3 sends it no shift: its
+    # The restarted node cannot be asked (its roll call and its query fail), so round 3 sends it no shift: its
     # reply (affine-rounds 1, not 3) is dropped and partition 1 keeps the shift of round 2.
     # Round 3's evaluation tells the server the node's partition, so round 4 sends the shift.
     rc = {**synth_rc, **ROBUST}
-    strategy, _, grid, log = _restart_run(rc, restart_at=3, faults={1: Fault("raise", ("query.affine_state",))})
+    strategy, _, grid, log = _restart_run(rc, restart_at=3, faults={1: Fault("raise", ("query.init", "query.affine_state"))})
     stale = [f for f in strategy.failures if f.kind == "stale-shift"]
     assert [(f.round, f.node_id, f.partition_id) for f in stale] == [(3, grid.new_id, 1)]
     assert "affine-rounds 1" in stale[0].reason and "expected 3" in stale[0].reason

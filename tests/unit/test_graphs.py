@@ -377,6 +377,7 @@ def test_mix_layered_equals_flat_and_keeps_dtype_and_input():
     flat = np.stack([np.concatenate([node[0].ravel(), node[1].ravel()]) for node in models])
     expected = W @ flat.astype(np.float64)
     got = np.stack([np.concatenate([node[0].ravel(), node[1].ravel()]) for node in out])
+    # float64 mixing, then one float32 rounding of values ≲ 4 (≤ 2.4e-7) for the float32 layer
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert out[0][0].dtype == np.float32 and out[0][0].shape == (2, 3)
     assert out[0][1].dtype == np.float64
