@@ -326,6 +326,13 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Keep every client's metrics per partition and summarise them (fairness numbers)."""
         return self.results.update(replies, self.comm.node_to_partition)
 
+    def initialize_parameters(self, client_manager: Any) -> None:
+        """Refuse Flower's legacy ``Server`` loop, naming the adapter that runs this strategy there."""
+        raise TypeError(f"{self.name}: a Message-API strategy cannot be the strategy of a legacy "
+                        "ServerAppComponents; use flowerdro.legacy.LegacyStrategy"
+                        f"('{self.name}', run_config, num_rounds=...) there (see the README, "
+                        "'Use flowerdro in your own Flower project')")
+
     # ------------------------------------------------------------------ hooks for subclasses
     def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
         """Reset the algorithm's state before the first round (nothing by default)."""

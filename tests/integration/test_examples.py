@@ -178,3 +178,18 @@ def test_a_message_api_server_against_a_legacy_client_app_fails_naming_the_wrapp
     with pytest.raises(RunFailedError, match="LegacyClientApp") as err:
         strategy.start(grid, arrays, num_rounds=5, timeout=60)
     assert len(strategy.history) == 3 and "Invalid message type: query.loss" in str(err.value)
+
+
+def test_a_message_api_strategy_in_legacy_server_app_components_names_the_adapter():
+    from types import SimpleNamespace
+
+    from flwr.server import ServerConfig
+    from flwr.server.compat import start_grid
+
+    from flowerdro.strategies import build_strategy
+
+    config, client, _ = _project("legacy-api", "legacyexample")
+    grid = InProcessGrid(client.app, 2, config)
+    grid.set_run(SimpleNamespace(run_id=1))
+    with pytest.raises(TypeError, match=r"flowerdro.legacy.LegacyStrategy\('drfa'"):
+        start_grid(grid=grid, strategy=build_strategy("drfa", config), config=ServerConfig(num_rounds=1))
