@@ -25,6 +25,17 @@ class Settings:
                 return layer[key]
         return default
 
+    def first_layer(self, *keys: str) -> Settings:
+        """The first layer (message config first) that sets any of ``keys``; empty when none does.
+
+        Keys that decide together (``local-steps`` / ``local-epochs``) are read from one
+        layer, so a run config's ``local-epochs`` never overrides a message's ``local-steps``.
+        """
+        for layer in self._layers:
+            if any(k in layer and layer[k] is not None and layer[k] != "" for k in keys):
+                return Settings(layer)
+        return Settings()
+
     def has(self, key: str) -> bool:
         """Whether any layer sets ``key``."""
         return self.raw(key) is not None

@@ -14,6 +14,8 @@ they expect. See docs/protocol.md for every message type.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +118,26 @@ def _runtime_cached(
     )
 
 
+#: While a :class:`flowerdro.clients.kit.ClientKit` serves a message, the runtime built from
+#: the user's model, data and loss (every handler then trains the user's model).
+RUNTIME_PROVIDER: ContextVar[Callable[[Context], ClientRuntime] | None] = ContextVar(
+    "flowerdro_runtime_provider", default=None)
+
+
 def get_runtime(context: Context) -> ClientRuntime:
     """The node's data and model spec, loaded once per process and reused every round.
+
+    Inside a :class:`flowerdro.clients.kit.ClientKit` route the runtime is the user's (their
+    model factory, data and loss); otherwise flowerdro's own model and data set.
 
     Run-config ``precision`` (``"float32"``, default, or ``"float64"``) sets the dtype of the
     data and the model (float64 for high-accuracy optimisation tests such as SCAFF-PD's
     robust regression). A regression data set (``robust-regression``) trains with the MSE
     loss and its evaluation reports ``test_loss`` only.
     """
+    provider = RUNTIME_PROVIDER.get()
+    if provider is not None:
+        return provider(context)
     pid, n = partition_of(context)
     s = Settings(context.run_config)
     data_cfg = DataConfig.from_run_config(context.run_config, num_partitions=n)
@@ -173,9 +187,15 @@ def _received_arrays(message: Message) -> ArrayRecord:
 
 
 def _local_steps(s: Settings, num_train: int, batch_size: int) -> int:
-    if s.has("local-epochs") and float(s.raw("local-epochs")) > 0:
-        return steps_from_epochs(s.float("local-epochs", 1.0, positive=True), num_train, batch_size)
-    return s.int("local-steps", 10, minimum=1)
+    """τ from the first layer that sets ``local-steps`` or ``local-epochs`` (epochs when > 0).
+
+    A message that sets ``local-steps`` (an algorithm's τ) is never overridden by a
+    ``local-epochs`` of the node's run config.
+    """
+    layer = s.first_layer("local-steps", "local-epochs")
+    if layer.has("local-epochs") and float(layer.raw("local-epochs")) > 0:
+        return steps_from_epochs(layer.float("local-epochs", 1.0, positive=True), num_train, batch_size)
+    return layer.int("local-steps", 10, minimum=1)
 
 
 # --------------------------------------------------------------------------- attacks

@@ -326,6 +326,13 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Keep every client's metrics per partition and summarise them (fairness numbers)."""
         return self.results.update(replies, self.comm.node_to_partition)
 
+    def initialize_parameters(self, client_manager: Any) -> None:
+        """Refuse Flower's legacy ``Server`` loop, naming the adapter that runs this strategy there."""
+        raise TypeError(f"{self.name}: a Message-API strategy cannot be the strategy of a legacy "
+                        "ServerAppComponents; use flowerdro.legacy.LegacyStrategy"
+                        f"('{self.name}', run_config, num_rounds=...) there (see the README, "
+                        "'Use flowerdro in your own Flower project')")
+
     # ------------------------------------------------------------------ hooks for subclasses
     def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
         """Reset the algorithm's state before the first round (nothing by default)."""
@@ -463,12 +470,16 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         return result
 
     def _no_train_reply(self) -> bool:
-        """Whether this round's training phase was sent but brought no valid reply."""
-        fails = [f for f in self.comm.failures_of_round() if f.phase == "train"]
+        """Whether this round brought no valid training reply although its exchanges failed.
+
+        Any phase but evaluation counts: when a query that comes first fails everywhere
+        (DRFA's discovery, SCAFF-PD's loss/gradient), no training message is sent at all.
+        """
+        fails = [f for f in self.comm.failures_of_round() if f.phase != "evaluate"]
         return bool(fails) and self.comm.valid_replies.get("train", 0) == 0
 
     def _failure_message(self, rounds: int) -> str:
-        fails = [f for f in self.failures if f.phase == "train" and f.round > self._round - rounds]
+        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > self._round - rounds]
         reason = self.comm.most_frequent_reason(fails) or "unknown"
         hint = missing_route_hint(reason)
         return (f"[{self.run_name}] no valid training reply in {rounds} rounds in a row (max-failed-rounds = "

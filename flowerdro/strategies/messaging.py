@@ -54,6 +54,7 @@ class Failure:
 
 
 _NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
+_LEGACY_TYPE = re.compile(r"Invalid message type: (?:train|evaluate|query)\.\w+")
 
 
 def missing_route_hint(reason: str) -> str | None:
@@ -61,7 +62,8 @@ def missing_route_hint(reason: str) -> str | None:
 
     Flower's ClientApp answers a message type it has no function for with
     "No <category> function registered with name '<action>'"; a legacy ``client_fn``
-    ClientApp fails on flowerdro's records with a ``KeyError`` on ``fitins.parameters``.
+    ClientApp answers "Invalid message type: <type>" or fails on flowerdro's records with a
+    ``KeyError`` on ``fitins.parameters``.
     """
     m = _NO_ROUTE.search(reason)
     if m:
@@ -69,10 +71,11 @@ def missing_route_hint(reason: str) -> str | None:
         return (f"the clients do not serve message type '{mtype}': add flowerdro's handlers to your ClientApp "
                 "with flowerdro.clients.add_routes(app, ...), or run flowerdro's ClientApp (see the README, "
                 "'Use flowerdro in your own Flower project')")
-    if "fitins.parameters" in reason or "evaluateins.parameters" in reason:
-        return ("the clients run a legacy NumPyClient ClientApp, which cannot read flowerdro's Message-API "
-                "records: use flowerdro's legacy strategies with it (flowerdro.legacy), or serve flowerdro's "
-                "routes (see the README, 'Use flowerdro in your own Flower project')")
+    if "fitins.parameters" in reason or "evaluateins.parameters" in reason or _LEGACY_TYPE.search(reason):
+        return ("the clients run a legacy ClientApp(client_fn), which serves neither flowerdro's message types "
+                "nor its Message-API records: wrap the same client_fn as "
+                "flowerdro.legacy.LegacyClientApp(client_fn, loss_fn=...) (see the README, "
+                "'Use flowerdro in your own Flower project')")
     return None
 
 
@@ -280,7 +283,8 @@ class Communicator:
             return "bad-metrics", str(exc)
         for key in (NUM_EXAMPLES, *required_metrics):
             if key not in metrics:
-                return "bad-metrics", f"metric '{key}' missing"
+                return "bad-metrics", (f"metric '{key}' missing (the reply has {', '.join(sorted(metrics.keys()))}; "
+                                       "an evaluate reply's names are set by accuracy-metric / loss-metric)")
         for key, value in metrics.items():
             vals = value if isinstance(value, list) else [value]
             if any(isinstance(v, float) and not math.isfinite(v) for v in vals):
