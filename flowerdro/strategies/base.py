@@ -69,57 +69,7 @@ class EmptySettings(Settings):
     """Settings of a strategy that has none of its own."""
 
 
-class _TransitionalAttributes:
-    """Attribute names the algorithm modules used before the loop settings became one object."""
-
-    loop: LoopSettings
-    comm: Communicator
-    _writer_dir: Any = None
-
-    @property
-    def seed(self) -> int:  # noqa: D102
-        return self.loop.seed
-
-    @property
-    def fraction_train(self) -> float:  # noqa: D102
-        return self.loop.fraction_train
-
-    @property
-    def fraction_evaluate(self) -> float:  # noqa: D102
-        return self.loop.fraction_evaluate
-
-    @property
-    def min_available_nodes(self) -> int:  # noqa: D102
-        return self.loop.min_available_nodes
-
-    @min_available_nodes.setter
-    def min_available_nodes(self, value: int) -> None:
-        from dataclasses import replace
-
-        self.loop = replace(self.loop, min_available_nodes=int(value))
-
-    @property
-    def node_to_partition(self) -> dict[int, int]:  # noqa: D102
-        return self.comm.node_to_partition
-
-    @property
-    def timeout(self) -> float:  # noqa: D102
-        return self.comm.timeout
-
-    @property
-    def pull_interval(self) -> float:  # noqa: D102
-        return self.comm.pull_interval
-
-    @pull_interval.setter
-    def pull_interval(self, value: float) -> None:
-        self.comm.pull_interval = float(value)
-
-    @property
-    def output_dir(self) -> Any:  # noqa: D102
-        return self._writer_dir
-
-
-class FairStrategy(_TransitionalAttributes, Strategy):
+class FairStrategy(Strategy):
     """Base of flowerdro strategies: seeded sampling, per-client metrics, failures, loud failure.
 
     Parameters
@@ -190,8 +140,6 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Follow the run: ``observer`` may define ``on_start(strategy, num_rounds)``,
         ``on_round(strategy, record)`` and ``on_end(strategy, final_arrays)``."""
         self._observers.append(observer)
-        if getattr(observer, "output_dir", None) is not None:
-            self._writer_dir = observer.output_dir
 
     def add_round_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Call ``fn(record)`` after every round (progress bars, early stopping, tests)."""
