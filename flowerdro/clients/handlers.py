@@ -13,14 +13,17 @@ they expect. See docs/protocol.md for every message type.
 
 from __future__ import annotations
 
-import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
+from flowerdro.buffers import array_view
 from flowerdro.clients.config import Settings
 from flowerdro.clients.training import (
     LOSS_BEFORE_ON,
@@ -68,11 +71,36 @@ class ClientRuntime:
         return model.to(device=self.data.x_train.device, dtype=self.data.x_train.dtype)
 
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
-        """A model holding the received weights (error on mismatched keys or shapes)."""
-        model = self.new_model()
-        state = arrays.to_torch_state_dict()
-        model.load_state_dict({k: v.to(self.data.x_train.device) for k, v in state.items()}, strict=True)
+        """A model holding the received weights (error on mismatched keys or shapes).
+
+        The module is built once per model spec, device and dtype in each thread and
+        reused: every call overwrites all of its parameters and buffers with ``arrays``
+        (``load_state_dict(strict=True)``) and clears the gradients, so the result equals a
+        freshly built model loaded with the same weights. One call's model is valid until
+        the next call in the same thread (a handler uses one model at a time).
+        """
+        x = self.data.x_train
+        spec = (self.model_name, self.input_shape, self.num_classes, self.model_kwargs, str(x.device), x.dtype)
+        models = _MODELS.__dict__.setdefault("by_spec", {})
+        model = models.get(spec)
+        if model is None:
+            model = models[spec] = self.new_model()
+        model.load_state_dict(_torch_state(arrays, x.device), strict=True)
+        model.zero_grad(set_to_none=True)
         return model
+
+
+#: One reusable module per model spec and thread (see :meth:`ClientRuntime.model_from`).
+_MODELS = threading.local()
+
+
+def _torch_state(arrays: ArrayRecord, device: torch.device) -> dict[str, torch.Tensor]:
+    """The arrays of a record as torch tensors on ``device``, read from their buffers without parsing.
+
+    The values are copied once (``np.array`` of the buffer view): ``load_state_dict`` copies
+    them again into the module, so no tensor here outlives the call.
+    """
+    return {k: torch.from_numpy(np.array(array_view(arrays[k]))).to(device) for k in arrays.keys()}
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -94,15 +122,25 @@ def partition_of(context: Context) -> tuple[int, int]:
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 
-@functools.lru_cache(maxsize=64)
+#: Client runtimes per data configuration (at most two configurations kept, as the data cache).
+_RUNTIMES: OrderedDict[DataConfig, dict[tuple[Any, ...], ClientRuntime]] = OrderedDict()
+#: The latest runtime of each (partition, count) with the run config it was built from.
+_LATEST: dict[tuple[int, int], tuple[dict[str, Any], ClientRuntime]] = {}
+
+
 def _runtime_cached(
     data_cfg: DataConfig, partition_id: int, model_name: str, model_kwargs: tuple[tuple[str, Any], ...], device: str,
     precision: str = "float32",
 ) -> ClientRuntime:
+    key = (partition_id, model_name, model_kwargs, device, precision)
+    runtimes = _RUNTIMES.get(data_cfg)
+    if runtimes is not None and key in runtimes:
+        _RUNTIMES.move_to_end(data_cfg)
+        return runtimes[key]
     cd = get_client_data(data_cfg, partition_id)
     data = LocalData.from_numpy(cd.x_train, cd.y_train, cd.x_test, cd.y_test, torch.device(device),
                                 dtype=PRECISIONS[precision])
-    return ClientRuntime(
+    rt = ClientRuntime(
         partition_id=partition_id,
         num_partitions=data_cfg.num_partitions,
         data=data,
@@ -112,6 +150,12 @@ def _runtime_cached(
         model_kwargs=model_kwargs,
         task="regression" if data_cfg.is_regression else "classification",
     )
+    _RUNTIMES.setdefault(data_cfg, {})[key] = rt
+    _RUNTIMES.move_to_end(data_cfg)
+    while len(_RUNTIMES) > 2:
+        _RUNTIMES.popitem(last=False)
+        _LATEST.clear()
+    return rt
 
 
 def get_runtime(context: Context) -> ClientRuntime:
@@ -120,14 +164,20 @@ def get_runtime(context: Context) -> ClientRuntime:
     Run-config ``precision`` (``"float32"``, default, or ``"float64"``) sets the dtype of the
     data and the model (float64 for high-accuracy optimisation tests such as SCAFF-PD's
     robust regression). A regression data set (``robust-regression``) trains with the MSE
-    loss and its evaluation reports ``test_loss`` only.
+    loss and its evaluation reports ``test_loss`` only. A node whose run config equals the
+    one of its previous message gets its runtime back without reading the settings again.
     """
     pid, n = partition_of(context)
+    latest = _LATEST.get((pid, n))
+    if latest is not None and latest[0] == context.run_config:
+        return latest[1]
     s = Settings(context.run_config)
     data_cfg = DataConfig.from_run_config(context.run_config, num_partitions=n)
     kwargs: tuple[tuple[str, Any], ...] = (("hidden", str(s.raw("hidden", "128,64"))),)
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
-    return _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision)
+    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision)
+    _LATEST[(pid, n)] = (dict(context.run_config), rt)
+    return rt
 
 
 def settings_for(message: Message, context: Context) -> Settings:

@@ -10,6 +10,7 @@ repeatable from its seed, whatever else happens in the process.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -72,17 +73,25 @@ class LocalData:
         """Move numpy arrays to ``device`` once.
 
         Inputs become ``dtype`` (float32 by default; float64 for high-precision runs);
-        integer labels become int64, floating targets (regression) become ``dtype``.
+        integer labels become int64, floating targets (regression) become ``dtype``. An
+        array already of that dtype, C-contiguous and bound for the CPU is shared, not
+        copied (the training loops never write into their data).
         """
         dev = device or default_device()
 
+        def tensor(arr: np.ndarray, target: torch.dtype) -> torch.Tensor:
+            if dev.type == "cpu" and arr.flags.c_contiguous and arr.dtype == torch.empty(0, dtype=target).numpy().dtype:
+                with warnings.catch_warnings():  # read-only arrays of the data cache: shared, never written
+                    warnings.simplefilter("ignore", UserWarning)
+                    return torch.from_numpy(arr)
+            return torch.tensor(arr, dtype=target, device=dev)
+
         def tx(a: np.ndarray) -> torch.Tensor:
-            return torch.tensor(np.asarray(a), dtype=dtype, device=dev)
+            return tensor(np.asarray(a), dtype)
 
         def ty(a: np.ndarray) -> torch.Tensor:
             arr = np.asarray(a)
-            target_dtype = dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64
-            return torch.tensor(arr, dtype=target_dtype, device=dev)
+            return tensor(arr, dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64)
 
         return cls(tx(x_train), ty(y_train), tx(x_test), ty(y_test))
 
