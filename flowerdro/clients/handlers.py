@@ -38,7 +38,8 @@ from flowerdro.clients.training import (
     minibatches,
     steps_from_epochs,
 )
-from flowerdro.data import DataConfig, get_client_data
+from flowerdro.data import DataConfig
+from flowerdro.data.node_cache import cached_client_data
 from flowerdro.models import build_model
 
 #: Salts that keep the random streams of different phases apart.
@@ -124,20 +125,20 @@ PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 #: Client runtimes per data configuration (at most two configurations kept, as the data cache).
 _RUNTIMES: OrderedDict[DataConfig, dict[tuple[Any, ...], ClientRuntime]] = OrderedDict()
-#: The latest runtime of each (partition, count) with the run config it was built from.
-_LATEST: dict[tuple[int, int], tuple[dict[str, Any], ClientRuntime]] = {}
+#: The latest runtime of each (partition, count, data cache) with the run config it was built from.
+_LATEST: dict[tuple[int, int, str], tuple[dict[str, Any], ClientRuntime]] = {}
 
 
 def _runtime_cached(
     data_cfg: DataConfig, partition_id: int, model_name: str, model_kwargs: tuple[tuple[str, Any], ...], device: str,
-    precision: str = "float32",
+    precision: str = "float32", data_cache: str = "",
 ) -> ClientRuntime:
     key = (partition_id, model_name, model_kwargs, device, precision)
     runtimes = _RUNTIMES.get(data_cfg)
     if runtimes is not None and key in runtimes:
         _RUNTIMES.move_to_end(data_cfg)
         return runtimes[key]
-    cd = get_client_data(data_cfg, partition_id)
+    cd = cached_client_data(data_cfg, partition_id, data_cache)
     data = LocalData.from_numpy(cd.x_train, cd.y_train, cd.x_test, cd.y_test, torch.device(device),
                                 dtype=PRECISIONS[precision])
     rt = ClientRuntime(
@@ -166,17 +167,21 @@ def get_runtime(context: Context) -> ClientRuntime:
     robust regression). A regression data set (``robust-regression``) trains with the MSE
     loss and its evaluation reports ``test_loss`` only. A node whose run config equals the
     one of its previous message gets its runtime back without reading the settings again.
+    Node config ``data-cache`` (a folder; else the environment variable
+    ``FLOWERDRO_DATA_CACHE``) keeps the prepared partition on the node, so a fresh process
+    reads one file instead of the whole data set (see :mod:`flowerdro.data.node_cache`).
     """
     pid, n = partition_of(context)
-    latest = _LATEST.get((pid, n))
+    cache = str(context.node_config.get("data-cache", ""))
+    latest = _LATEST.get((pid, n, cache))
     if latest is not None and latest[0] == context.run_config:
         return latest[1]
     s = Settings(context.run_config)
     data_cfg = DataConfig.from_run_config(context.run_config, num_partitions=n)
     kwargs: tuple[tuple[str, Any], ...] = (("hidden", str(s.raw("hidden", "128,64"))),)
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
-    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision)
-    _LATEST[(pid, n)] = (dict(context.run_config), rt)
+    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision, cache)
+    _LATEST[(pid, n, cache)] = (dict(context.run_config), rt)
     return rt
 
 
