@@ -441,7 +441,7 @@ def bench_memory(args: argparse.Namespace) -> str:
             f"regression, 100 clients trained per round, {args.memory_rounds} rounds, the loop's default "
             "evaluation; per-client memory = (peak at N − peak at 10 clients) / (N − 10).\n\n"
             + table(["strategy", "clients", "peak GB", "KB per client", "RSS growth round 2→last (MB)",
-                     "s/round", "target"], rows))
+                     "run s / rounds (incl. data loading)", "target"], rows))
 
 
 # =========================================================================== flwr run
@@ -472,8 +472,78 @@ def bench_flwr(args: argparse.Namespace) -> str:
             + table(["clients", "simulation s/round", "runner s/round", "ratio", "note"], rows))
 
 
+# =========================================================================== fresh ClientApp process
+_COLD_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from flowerdro.apps.client_app import app
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flowerdro.experiments.inprocess import ensure_task_identity
+t1 = time.perf_counter()
+ensure_task_identity()
+rc, node = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config=rc)
+init = app(Message(content=RecordDict({"config": ConfigRecord({"seed": 0})}), dst_node_id=1,
+               message_type="query.init"), ctx).content["arrays"]
+t2 = time.perf_counter()
+cfg = ConfigRecord({"lr": 0.1, "local-steps": 10, "batch-size": 50, "seed": 0, "server-round": 1})
+reply = app(Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=1, message_type="train"), ctx)
+t3 = time.perf_counter()
+assert not reply.has_error(), reply.error.reason
+print(json.dumps({"imports": t1 - t0, "data": t2 - t1, "train": t3 - t2}))
+"""
+
+
+def _cold_run(rc: dict[str, Any], node: dict[str, Any]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("FLOWERDRO_DATA_CACHE", None)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _COLD_CHILD, json.dumps(rc), json.dumps(node)], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    total = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-800:])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "process": total}
+
+
+def bench_coldstart(args: argparse.Namespace) -> str:
+    """What one message costs a fresh ClientApp process (Flower 1.41 deployments start one per message)."""
+    import shutil
+    import tempfile
+
+    jobs = {"synthetic (pyproject job, 20 clients)": {"dataset": "synthetic", "partition": "natural",
+                                                       "synthetic-alpha": 0.5, "synthetic-beta": 0.5,
+                                                       "model": "logreg", "seed": 0},
+            "fashion_mnist one-class (10 clients)": {"dataset": "fashion_mnist", "data-dir": args.data_dir,
+                                                      "partition": "one-class", "model": "logreg", "seed": 0}}
+    rows = []
+    for label, rc in jobs.items():
+        n = 20 if rc["dataset"] == "synthetic" else 10
+        cache = tempfile.mkdtemp(prefix="flowerdro-cache-")
+        try:
+            node = {"partition-id": 0, "num-partitions": n}
+            _cold_run(rc, {**node, "data-cache": cache})  # fills the cache
+            res: dict[str, list[dict[str, float]]] = {"no cache": [], "data-cache": []}
+            for _ in range(args.reps + 1):
+                res["no cache"].append(_cold_run(rc, node))
+                res["data-cache"].append(_cold_run(rc, {**node, "data-cache": cache}))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        for mode, runs in res.items():
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            rows.append([label, mode, med["process"], med["imports"], med["data"], med["train"]])
+            print(f"[coldstart] {label} {mode}: {med['process']:.2f} s per fresh process (imports "
+                  f"{med['imports']:.2f}, data + model {med['data']:.2f}, one train reply {med['train']:.3f})", flush=True)
+    return ("Target: loopback deployment ≤ 2 s per round of per-message overhead. Flower 1.41 starts a new "
+            "`flwr-clientapp` process for every message (both `--isolation` modes); this is what one such "
+            "process costs for one `train` message (interpreter, imports, the client's data and model, the "
+            "reply), without the SuperNode's polling.\n\n"
+            + table(["job", "partition", "process s", "imports s", "data + model s", "train reply s"], rows))
+
+
 # =========================================================================== docs
-SECTIONS = {"runner": bench_runner, "server": bench_server, "memory": bench_memory, "flwr": bench_flwr}
+SECTIONS = {"runner": bench_runner, "server": bench_server, "memory": bench_memory,
+            "coldstart": bench_coldstart, "flwr": bench_flwr}
 
 
 def write_docs(results: dict[str, str], argv: list[str]) -> None:
@@ -490,7 +560,7 @@ def write_docs(results: dict[str, str], argv: list[str]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="*", default=["all"], help="all (= runner server memory), or any of "
+    ap.add_argument("sections", nargs="*", default=["all"], help="all (= runner server memory coldstart), or any of "
                                                                   + ", ".join(SECTIONS))
     ap.add_argument("--clients", default="10,100", help="client counts of the runner section (e.g. 10,100,1000)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
@@ -500,7 +570,7 @@ def main() -> int:
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
-    sections = ["runner", "server", "memory"] if args.sections == ["all"] else args.sections
+    sections = ["runner", "server", "memory", "coldstart"] if args.sections == ["all"] else args.sections
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         ap.error(f"sections: unknown {unknown}; allowed: all, {', '.join(SECTIONS)}")
