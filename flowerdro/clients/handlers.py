@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from flowerdro.buffers import array_view
@@ -187,8 +187,14 @@ def get_runtime(context: Context) -> ClientRuntime:
 
 def settings_for(message: Message, context: Context) -> Settings:
     """Message config (``config`` ConfigRecord) over the run config."""
-    cfg = message.content.config_records.get("config")
+    cfg = _config_of(message)
     return Settings(dict(cfg) if cfg is not None else {}, context.run_config)
+
+
+def _config_of(message: Message) -> ConfigRecord | None:
+    """The message's ConfigRecord ``config`` (read directly: ``config_records`` builds a view per access)."""
+    cfg = message.content.get("config")
+    return cfg if isinstance(cfg, ConfigRecord) else None
 
 
 #: Keys that only the strategy may set (in the message), never the run config: they say
@@ -198,13 +204,13 @@ MESSAGE_ONLY_KEYS = ("proximal-mu", "snapshot-step")
 
 def message_settings(message: Message) -> Settings:
     """Only the message's own config (for algorithm switches such as ``proximal-mu``)."""
-    cfg = message.content.config_records.get("config")
+    cfg = _config_of(message)
     return Settings(dict(cfg) if cfg is not None else {})
 
 
 def _received_arrays(message: Message) -> ArrayRecord:
-    rec = message.content.array_records.get("arrays")
-    if rec is None:
+    rec = message.content.get("arrays")
+    if not isinstance(rec, ArrayRecord):
         if len(message.content.array_records) == 1:
             return next(iter(message.content.array_records.values()))
         raise ValueError("message: expected an ArrayRecord under 'arrays' with the model weights")

@@ -14,9 +14,10 @@ from flowerdro.buffers import array_view
 def record_bytes(content: RecordDict) -> int:
     """Bytes of all arrays in a RecordDict (serialised size of each Array's buffer)."""
     total = 0
-    for rec in content.array_records.values():
-        for arr in rec.values():
-            total += len(arr.data)
+    for rec in content.values():
+        if isinstance(rec, ArrayRecord):
+            for arr in rec.values():
+                total += len(arr.data)
     return total
 
 
