@@ -553,7 +553,13 @@ def write_docs(results: dict[str, str], argv: list[str]) -> None:
         block = (f"<!-- bench:{name} -->\nMeasured on {machine()}; `python scripts/benchmarks.py {name}"
                  f"{' ' + ' '.join(argv) if argv else ''}`.\n\n{body}\n<!-- /bench -->")
         pattern = re.compile(rf"<!-- bench:{name} -->.*?<!-- /bench -->", re.S)
-        text = pattern.sub(lambda _, b=block: b, text) if pattern.search(text) else text.rstrip() + f"\n\n{block}\n"
+        if pattern.search(text):
+            text = pattern.sub(lambda _, b=block: b, text)
+        elif "\n## " in text:  # a new section goes before the hand-written ones
+            cut = text.index("\n## ")
+            text = text[:cut].rstrip() + f"\n\n{block}\n" + text[cut:]
+        else:
+            text = text.rstrip() + f"\n\n{block}\n"
     DOCS.write_text(text)
     print(f"wrote {DOCS.relative_to(ROOT)} ({', '.join(results)})")
 
