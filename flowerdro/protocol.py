@@ -19,14 +19,17 @@ NUM_EXAMPLES, PARTITION_ID = "num-examples", "partition-id"
 
 #: Model names the clients can build (``flowerdro.models``; a test keeps the two in line).
 MODEL_NAMES: tuple[str, ...] = (
-    "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "linear", "logreg", "mlp",
+    "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "lenet", "linear", "logreg", "mlp",
 )
 
 #: Where the received model's loss ``train_loss`` is measured before local training.
 TRAIN_LOSS_ON: tuple[str, ...] = ("full", "batch")
 
-#: Attacks of malicious clients (robustness experiments).
-ATTACKS: tuple[str, ...] = ("none", "bias", "scale")
+#: Attacks of malicious clients (robustness experiments): ``bias`` adds ``attack-bias`` to
+#: every loss reported; ``loss-scale`` trains on (and reports) s·f_i instead of f_i, the
+#: scaling attack of FedMGDA+ §6.2.2 (Hu et al., arXiv:2006.11489); ``update-scale`` sends
+#: w + s·(w_i − w) instead of w_i (equal to ``loss-scale`` only for one full-batch SGD step).
+ATTACKS: tuple[str, ...] = ("none", "bias", "loss-scale", "update-scale")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,20 @@ class NodeSettings(Settings):
     model_seed: int | None = setting(None, "seed of the initial weights (unset: seed)")
     malicious_ids: tuple[int, ...] = setting((), "partition ids of malicious clients", ge=0)
     attack: str = setting("none", "what malicious clients do: add attack-bias to every loss they report "
-                                  "(bias) or multiply their update by attack-scale (scale)", choices=ATTACKS)
+                                  "(bias), train on attack-scale times their loss (loss-scale, the FedMGDA+ "
+                                  "paper's scaling attack) or multiply their update by attack-scale "
+                                  "(update-scale)", choices=ATTACKS)
     attack_bias: float = setting(0.0, "the bias a bias attacker adds to its losses")
-    attack_scale: float = setting(1.0, "the factor a scaling attacker multiplies its update by")
+    attack_scale: float = setting(1.0, "the factor s of a scaling attacker (loss-scale: its loss, "
+                                       "update-scale: its update)")
+
+    def attack_record(self) -> dict[str, object]:
+        """Which attack the run's malicious clients ran, for its results (empty when none did).
+
+        ``{"attack", "malicious_ids", "attack_bias" | "attack_scale"}`` when ``malicious-ids``
+        is set and ``attack`` is not ``none``; an honest run records nothing.
+        """
+        if not self.malicious_ids or self.attack == "none":
+            return {}
+        amount = {"attack_bias": self.attack_bias} if self.attack == "bias" else {"attack_scale": self.attack_scale}
+        return {"attack": self.attack, "malicious_ids": list(self.malicious_ids), **amount}

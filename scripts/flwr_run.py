@@ -52,6 +52,27 @@ def _has_cuda() -> bool:
         return False
 
 
+def _run_info(flwr: str, run_id: str, env: dict[str, str]) -> dict:
+    """The run's entry of ``flwr ls --run-id ID --format json`` (empty when unreadable)."""
+    ls = subprocess.run([flwr, "ls", "--run-id", run_id, "--format", "json"], env=env,
+                        capture_output=True, text=True)
+    try:
+        runs = _json_from(ls.stdout).get("runs", [])
+    except ValueError:
+        return {}
+    return runs[0] if runs else {}
+
+
+def _status(flwr: str, run_id: str, env: dict[str, str]) -> str:
+    """The run's status, e.g. ``running`` or ``finished:completed``."""
+    return str(_run_info(flwr, run_id, env).get("status", "unknown"))
+
+
+def _details(flwr: str, run_id: str, env: dict[str, str]) -> str:
+    """Why the run ended as it did (Flower's ``status-details``)."""
+    return str(_run_info(flwr, run_id, env).get("status-details", ""))
+
+
 def _json_from(text: str) -> dict:
     start = text.find("{")
     if start < 0:
@@ -118,23 +139,24 @@ def main() -> int:
             return 1
         run_id = str(info["run-id"])
         print(f"flwr_run: run {run_id} submitted; streaming its log", flush=True)
-        try:
-            subprocess.run([flwr, "log", run_id, "--stream"], env=env, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"flwr_run: run {run_id} still going after {args.timeout:.0f} s; stopping it", file=sys.stderr)
-            subprocess.run([flwr, "stop", run_id], env=env, capture_output=True)
-        deadline = time.monotonic() + 60
-        while True:
-            ls = subprocess.run([flwr, "ls", "--run-id", run_id, "--format", "json"], env=env,
-                                capture_output=True, text=True)
-            try:
-                runs = _json_from(ls.stdout).get("runs", [])
-                status = str(runs[0].get("status", "unknown")) if runs else "unknown"
-            except ValueError:
-                status = "unknown"
-            if status.startswith("finished") or time.monotonic() > deadline:
+        # `flwr log --stream` does not return when a run fails while loading its apps, so
+        # the run's status is polled beside the stream, and the stream stops with the run.
+        stream = subprocess.Popen([flwr, "log", run_id, "--stream"], env=env)
+        deadline, status = time.monotonic() + args.timeout, "unknown"
+        while not (status := _status(flwr, run_id, env)).startswith("finished"):
+            if time.monotonic() > deadline:
+                print(f"flwr_run: run {run_id} still going after {args.timeout:.0f} s; stopping it",
+                      file=sys.stderr)
+                subprocess.run([flwr, "stop", run_id], env=env, capture_output=True)
                 break
-            time.sleep(1.0)
+            time.sleep(2.0)
+        try:
+            stream.wait(timeout=30 if status == "finished:completed" else 5)  # the log's last lines
+        except subprocess.TimeoutExpired:
+            stream.terminate()
+        if status.startswith("finished:failed"):
+            details = _details(flwr, run_id, env)
+            print(f"flwr_run: run {run_id} failed: {details}", file=sys.stderr)
         print(f"flwr_run: run {run_id} status: {status}", flush=True)
         code = 0 if status == "finished:completed" else 1
     finally:

@@ -21,7 +21,8 @@ made by ``OMP_NUM_THREADS=1 python -m flowerdro.experiments conf/<name>.toml``:
 * ``fedmgda_fmnist_improvement_fullbatch``: fraction of improved participants with
   full-batch local steps (Fig. 4; the b = 10 curves come from the two runs above);
 * ``fedmgda_fmnist_scaling``: one client multiplies its update by ``attack-scale``
-  (unattacked baselines: the long run).
+  (``attack = "update-scale"``; the paper's §6.2.2 attack scales the loss,
+  ``attack = "loss-scale"``; unattacked baselines: the long run).
 
 Departures from the paper, forced by a 2-core shared CPU (stated again in the tables):
 Adult uses one local step of batch 10 per round for every method (AFL's own τ = 1; the
@@ -60,9 +61,9 @@ def _cheap_gc() -> None:
 
     Flower's ``ArrayRecord.to_numpy_ndarrays(keep_input=False)`` (used by its QFedAvg
     aggregation) calls ``gc.collect()`` several times per round; a full collection over a
-    heap holding pandas, torch and the data costs ~1 s on this machine (q-FedAvg rounds took
-    1.9 s instead of 0.15 s). Results do not depend on it; reference counting still frees
-    the arrays immediately.
+    heap holding pandas, torch and the data can cost seconds per round, more than the
+    round's training. Results do not depend on it; reference counting still frees the
+    arrays immediately.
     """
     import gc
 
@@ -410,7 +411,7 @@ def improvement_curves_report() -> None:
 
 
 def scaling_report() -> None:
-    """Scaling attack: one client multiplies its update; FedMGDA+ and FedAvg with and without it."""
+    """Scaling attack (the config's ``attack``): FedMGDA+ and FedAvg with and without it."""
     import tomllib
 
     import matplotlib
@@ -427,7 +428,8 @@ def scaling_report() -> None:
     # participation of the attacker (FairStrategy samples with the seed's generator, so every
     # method sees the same clients each round; FedMGDA+ logs them as the keys of λ)
     part = [int(r["round"]) for r in attacked.get("fedmgda+", []) if bad in (r.get("lambda") or {})]
-    print(f"\nScaling attack: partition {bad} multiplies its update by {rc.get('attack-scale')}; "
+    what = {"loss-scale": "its loss", "update-scale": "its update"}.get(str(rc.get("attack")), rc.get("attack"))
+    print(f"\nScaling attack ({rc.get('attack')}): partition {bad} multiplies {what} by {rc.get('attack-scale')}; "
           f"it was sampled in rounds {part}. Client test accuracy % mean / std / attacker's own")
     rows = []
     for label, recs in attacked.items():

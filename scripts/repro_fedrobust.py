@@ -2,7 +2,7 @@
 
 Trains every strategy of an experiment TOML (the runner's format, e.g.
 ``conf/fedrobust_mnist.toml``) in-process, then evaluates every final model on the
-*unshifted* global MNIST test set (a seeded subsample) with :mod:`flowerdro.core.affine`:
+*unshifted* global MNIST test set (a seeded subsample) with :mod:`flowerdro.models.robustness`:
 
 * clean accuracy;
 * accuracy under the worst affine shift, sweeping ‖Λ − I‖_F ≤ ε₁ at ‖δ‖₂ ≤ 1 and
@@ -20,7 +20,7 @@ Writes ``<out>/<name>/robustness.json`` and the plots
     python scripts/repro_fedrobust.py conf/fedrobust_mnist_cnn_n10.toml --eval-from fedrobust_mnist_cnn_n10 \
         --name fedrobust_mnist_cnn_n10_margin --attack-loss margin   # re-attack saved models, no training
 
-``--attack-loss margin`` makes both attacks ascend :func:`flowerdro.core.affine.margin_loss`
+``--attack-loss margin`` makes both attacks ascend :func:`flowerdro.models.affine.margin_loss`
 instead of cross-entropy (stronger on models whose outputs are close to uniform);
 ``--attack-loss both`` runs each and keeps, per radius, the lower accuracy.
 
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from flowerdro.core.affine import load_model
     from flowerdro.data import load_raw
     from flowerdro.data.sources import to_float32
     from flowerdro.experiments import run
     from flowerdro.experiments.runner import load_config
+    from flowerdro.models.robustness import load_model
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
@@ -285,11 +285,12 @@ def evaluate_model(model: Any, x: Any, y: Any, radii: dict[str, list[float]], at
     """Clean accuracy and the three sweeps under each attack loss, plus their minimum over the attacks.
 
     ``attacks`` names the loss each attack ascends (``ce``: cross-entropy, ``margin``:
-    :func:`flowerdro.core.affine.margin_loss`); ``<sweep>`` holds, per radius, the lowest
+    :func:`flowerdro.models.affine.margin_loss`); ``<sweep>`` holds, per radius, the lowest
     accuracy over them (a stronger combined attack: each attack is a valid perturbation),
     ``by_attack[<loss>][<sweep>]`` each attack's own accuracy.
     """
-    from flowerdro.core.affine import margin_loss, robust_accuracy
+    from flowerdro.models.affine import margin_loss
+    from flowerdro.models.robustness import robust_accuracy
 
     c0 = time.process_time()
     out: dict[str, Any] = {"clean": robust_accuracy(model, x, y, "clean"), "by_attack": {}}

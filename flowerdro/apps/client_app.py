@@ -13,9 +13,9 @@
 | ``query.loss_grad`` | loss f_i(x) and gradient c_i (kept in state) | SCAFF-PD phase 1          |
 | ``train.scaffpd`` | J steps of u − η(g_i(u) − c_i + c), reply u_J | SCAFF-PD phase 2           |
 | ``train.scaffold`` | corrected local steps, option-II c_i update | SCAFFOLD                    |
-| ``train.fedrobust`` | τ steps: descent on w, ascent on (Λ_i, δ_i) kept in state | FedRobust  |
+| ``train.fedrobust`` | τ steps: descent on w, ascent on the received (Λ_i, δ_i) | FedRobust  |
 | ``train.fgm`` / ``train.pgd`` | local SGD on ℓ₂ FGM / PGD adversarial batches | FGM / PGD training |
-| ``query.affine_state`` | ‖Λ_i − I‖_F, ‖δ_i‖₂ of the node's stored shift | FedRobust tests       |
+| ``query.affine_state`` | the node's partition id and input dimension d | FedRobust        |
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ iteration t device i takes the local half step
 
     θ_i^{t+½} = θ_i^t − η · (h_i / μ) · g_i(θ_i^t),   h_i = exp(ℓ_i(θ_i^t) / μ),
 
-with g_i the gradient of the mean loss ℓ_i on a minibatch of size B, before the gossip
+with g_i the gradient of the mean loss ℓ_i (the task's: cross-entropy, or MSE on a
+regression data set) on a minibatch of size B, before the gossip
 step θ_i^{t+1} = Σ_j W_ij θ_j^{t+½} (done by the server relay, see
 :mod:`flowerdro.strategies.drdsgd`). DSGD is the same step with h_i/μ replaced by 1.
 h_i/μ is computed in the log domain, float64, and capped at exp(``tilt-log-cap``)
@@ -38,7 +39,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from flowerdro.clients.handlers import get_runtime, message_settings, settings_for
-from flowerdro.clients.training import LocalData, StateDict, local_sgd, make_generator
+from flowerdro.clients.training import LocalData, LossFn, StateDict, local_sgd, make_generator
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MIN_LOG_CAP, tilt_step
 
 #: Salt that keeps DR-DSGD's minibatch stream apart from the other phases'.
@@ -98,6 +99,7 @@ def drdsgd_local_step(
     steps: int = 1,
     log_cap: float = DEFAULT_LOG_CAP,
     weight_decay: float = 0.0,
+    loss_fn: LossFn | None = None,
 ) -> DRDSGDStepResult:
     """DR-DSGD (or DSGD) local step(s) of one device, in place on ``model``.
 
@@ -135,6 +137,9 @@ def drdsgd_local_step(
         strategy option ``max-tilt-weight`` = 1) is a departure from the paper.
     weight_decay : float (default: 0.0)
         Optional ℓ2 term, not scaled by the multiplier.
+    loss_fn : callable, optional
+        ℓ(output, target) → mean loss; cross-entropy when unset
+        (:func:`~flowerdro.clients.training.mse_loss` for a regression task).
 
     Returns
     -------
@@ -180,6 +185,7 @@ def drdsgd_local_step(
         weight_decay=weight_decay,
         step_scale=scale,
         loss_before_on="none",
+        loss_fn=loss_fn,
     )
     return DRDSGDStepResult(
         state=res.state,
@@ -227,6 +233,7 @@ def drdsgd_reply(message: Message, context: Context, *, robust: bool | None = No
         steps=s.int("local-steps", 1, minimum=1),
         log_cap=own.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
         weight_decay=s.float("weight-decay", 0.0, minimum=0.0),
+        loss_fn=rt.loss_fn,
     )
     metrics = MetricRecord(
         {

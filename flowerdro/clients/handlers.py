@@ -36,11 +36,13 @@ from flowerdro.clients.training import (
     loss_function,
     make_generator,
     minibatches,
+    scaled_loss,
     steps_from_epochs,
 )
 from flowerdro.data import DataConfig
 from flowerdro.data.node_cache import cached_client_data
 from flowerdro.models import build_model
+from flowerdro.protocol import ATTACKS
 
 #: Salts that keep the random streams of different phases apart.
 _SALT_TRAIN, _SALT_QUERY = 11, 23
@@ -227,15 +229,20 @@ def _local_steps(s: Settings, num_train: int, batch_size: int) -> int:
 def attack_of(s: Settings, partition_id: int) -> tuple[str, float]:
     """The attack this client runs (``"none"`` unless its id is in ``malicious-ids``).
 
-    ``attack = "bias"`` adds ``attack-bias`` to every loss it reports; ``attack = "scale"``
-    multiplies its model update w_i − w by ``attack-scale``.
+    ``attack = "bias"`` adds b = ``attack-bias`` to every loss it reports.
+    ``attack = "loss-scale"`` (FedMGDA+ §6.2.2) replaces its loss f_i by s·f_i, s =
+    ``attack-scale``: it trains on s·f_i (every local gradient is s times the honest one at
+    the same point) and reports s·f_i. ``attack = "update-scale"`` trains honestly and sends
+    w + s·(w_i − w) instead of w_i. For one full-batch SGD step the two scalings give the same
+    model; with several steps they differ (the loss-scaled steps move further and see
+    gradients at other points).
     """
     if partition_id not in s.int_list("malicious-ids"):
         return "none", 0.0
-    kind = s.str("attack", "none", choices=("none", "bias", "scale"))
+    kind = s.str("attack", "none", choices=ATTACKS)
     if kind == "bias":
         return kind, s.float("attack-bias", 0.0)
-    if kind == "scale":
+    if kind in ("loss-scale", "update-scale"):
         return kind, s.float("attack-scale", 1.0)
     return "none", 0.0
 
@@ -265,7 +272,8 @@ def train_reply(
     local training data, as q-FedAvg and FedMGDA+'s improvement tracking need; with
     ``train-loss-on = "batch"`` on the first minibatch only, which saves one forward pass over
     the local data per round), ``train_loss_local`` (mean minibatch loss during the steps),
-    ``local-steps``.
+    ``local-steps``. A malicious client (``malicious-ids``) runs its ``attack``
+    (:func:`attack_of`).
     """
     rt = get_runtime(context)
     s = settings_for(message, context)
@@ -276,6 +284,8 @@ def train_reply(
     received = _received_arrays(message)
     model = rt.model_from(received)
     gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, _SALT_TRAIN)
+    attack, amount = attack_of(s, rt.partition_id)
+    loss_fn = scaled_loss(rt.loss_fn, amount) if attack == "loss-scale" else rt.loss_fn
     res = local_sgd(
         model,
         rt.data,
@@ -287,12 +297,11 @@ def train_reply(
         snapshot_step=snapshot_step or None,
         weight_decay=s.float("weight-decay", 0.0, minimum=0.0),
         loss_before_on=s.str("train-loss-on", "full", choices=LOSS_BEFORE_ON[:2]),
-        loss_fn=rt.loss_fn,
+        loss_fn=loss_fn,
     )
-    attack, amount = attack_of(s, rt.partition_id)
     state = res.state
     loss_before = res.loss_before
-    if attack == "scale":
+    if attack == "update-scale":
         state = _scale_update(received, state, amount)
     elif attack == "bias":
         loss_before += amount
@@ -311,7 +320,7 @@ def train_reply(
         }
     )
     if with_snapshot and res.snapshot is not None:
-        snap = res.snapshot if attack != "scale" else _scale_update(received, res.snapshot, amount)
+        snap = res.snapshot if attack != "update-scale" else _scale_update(received, res.snapshot, amount)
         content["snapshot"] = ArrayRecord(snap)
     return Message(content=content, reply_to=message)
 
@@ -340,7 +349,8 @@ def loss_reply(message: Message, context: Context) -> Message:
     """Loss of the received model on one local minibatch or on all local training data.
 
     Config: ``loss-on`` ("batch" or "full"), ``batch-size``, ``seed``, ``server-round``.
-    Metrics: ``loss``, ``num-examples``, ``partition-id``. A ``bias`` attacker adds its bias.
+    Metrics: ``loss``, ``num-examples``, ``partition-id``. A ``bias`` attacker adds its bias,
+    a ``loss-scale`` attacker multiplies the loss by its factor.
     """
     rt = get_runtime(context)
     s = settings_for(message, context)
@@ -356,6 +366,8 @@ def loss_reply(message: Message, context: Context) -> Message:
     attack, amount = attack_of(s, rt.partition_id)
     if attack == "bias":
         loss += amount
+    elif attack == "loss-scale":
+        loss *= amount
     metrics = MetricRecord({"loss": float(loss), "num-examples": n, "partition-id": rt.partition_id})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=message)
 
@@ -364,13 +376,15 @@ def init_reply(message: Message, context: Context) -> Message:
     """A freshly initialised model (weights seeded by ``model-seed``, else ``seed``).
 
     Lets the server get initial weights without loading any data itself (deployments).
+    With ``weights = false`` in the message's config the reply holds only the metrics
+    (partition id, number of examples and classes): the server's roll call.
     """
     rt = get_runtime(context)
     s = settings_for(message, context)
-    model = rt.new_model(seed=s.int("model-seed", s.int("seed", 0)))
     metrics = MetricRecord(
         {"num-examples": rt.data.num_train, "partition-id": rt.partition_id, "num-classes": rt.num_classes}
     )
-    return Message(
-        content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=message
-    )
+    content = RecordDict({"metrics": metrics})
+    if s.bool("weights", True):
+        content["arrays"] = ArrayRecord(rt.new_model(seed=s.int("model-seed", s.int("seed", 0))).state_dict())
+    return Message(content=content, reply_to=message)

@@ -8,12 +8,13 @@ Plain training functions (:func:`fedrobust_local`, :func:`adversarial_local`) an
 handlers that wrap them for any ClientApp (``apps/client_app.py`` routes to them):
 
 ``train.fedrobust``
-    Content ``arrays`` (w) and ``config``: ``lr`` η₁ > 0, ``adv-lr`` η₂ > 0,
-    ``affine-lambda`` λ ≥ 0, ``local-steps`` τ ≥ 1, ``batch-size``, ``seed``,
-    ``server-round``; ``affine-max-dim`` (message or run config, default 3072) bounds the
-    flattened input dimension d. The node's own shift (Λ_i, δ_i) is read from
-    ``context.state["fedrobust.affine"]`` (an ArrayRecord {``lambda``: d×d, ``delta``: d};
-    (I, 0) the first time) and written back after the τ steps; it never leaves the node.
+    Content ``arrays`` (w), optionally ``affine`` (the partition's shift: an ArrayRecord
+    {``lambda``: d×d, ``delta``: d}, float32; absent: (I, 0), the partition's first round)
+    and ``config``: ``lr`` η₁ > 0, ``adv-lr`` η₂ > 0, ``affine-lambda`` λ ≥ 0,
+    ``local-steps`` τ ≥ 1, ``batch-size``, ``seed``, ``server-round``, ``affine-rounds``
+    (rounds the shift has seen); ``affine-max-dim`` (message or run config, default 3072)
+    bounds the flattened input dimension d. The node keeps nothing: the server stores every
+    partition's (Λ_i, δ_i), so a restarted node continues from its partition's shift.
     For t = 1..τ, with a minibatch B_t and φ_B(w, Λ, δ) = (1/|B|) Σ_{j∈B}
     ℓ(f_w(Λx_j + δ), y_j) − λ‖Λ − I‖_F² − λ‖δ‖₂², both gradients at the current point:
 
@@ -23,11 +24,10 @@ handlers that wrap them for any ClientApp (``apps/client_app.py`` routes to them
         (\Lambda_i, \delta_i) &\leftarrow (\Lambda_i, \delta_i)
             + \eta_2 \nabla_{(\Lambda, \delta)} \varphi_B(w, \Lambda_i, \delta_i).
 
-    Reply: ``arrays`` (w after τ steps) and ``metrics`` {``num-examples``, ``partition-id``,
-    ``train_loss_local`` (mean shifted minibatch loss), ``local-steps``,
-    ``lambda-dev-fro`` = ‖Λ_i − I‖_F, ``delta-norm`` = ‖δ_i‖₂ (after the steps),
-    ``affine-rounds`` (train.fedrobust messages this node has handled, this one included:
-    it counts up only if the node's Context.state persists across rounds)}.
+    Reply: ``arrays`` (w after τ steps), ``affine`` (Λ_i, δ_i after τ steps, float32) and
+    ``metrics`` {``num-examples``, ``partition-id``, ``train_loss_local`` (mean shifted
+    minibatch loss), ``local-steps``, ``lambda-dev-fro`` = ‖Λ_i − I‖_F, ``delta-norm`` =
+    ‖δ_i‖₂ (after the steps), ``affine-rounds`` (the received count + 1)}.
 
 ``train.fgm`` / ``train.pgd`` (distributed adversarial training)
     Content ``arrays`` and ``config``: ``lr``, ``local-steps``, ``batch-size``, ``seed``,
@@ -39,13 +39,13 @@ handlers that wrap them for any ClientApp (``apps/client_app.py`` routes to them
     Nothing is kept in ``context.state``.
 
 ``query.affine_state``
-    No content needed. Reply ``metrics`` {``num-examples``, ``partition-id``,
-    ``lambda-dev-fro`` = ‖Λ_i − I‖_F, ``delta-norm`` = ‖δ_i‖₂, ``affine-dim`` d,
-    ``affine-rounds`` (train.fedrobust messages handled so far)}: the node's current shift
-    (0, 0 before its first FedRobust round). Lets tests and operators read the state.
+    No content needed. Reply ``metrics`` {``num-examples``, ``partition-id``, ``affine-dim``
+    d}: the server asks a node it does not know yet which partition it serves before
+    sending it that partition's shift.
 
-Memory: (Λ_i, δ_i) holds (d² + d) float32 values, 2.46 MB for MNIST (d = 784) and 37.8 MB
-for CIFAR-10 (d = 3072); a d above ``affine-max-dim`` is refused with an error reply.
+Memory and traffic: (Λ_i, δ_i) holds (d² + d) float32 values, 2.46 MB for MNIST (d = 784)
+and 37.8 MB for CIFAR-10 (d = 3072), sent each way with every ``train.fedrobust``
+message; a d above ``affine-max-dim`` is refused with an error reply.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
@@ -66,19 +66,20 @@ from flowerdro.clients.training import (
     clone_state,
     make_generator,
     minibatches,
+    seeded_global_rng,
 )
 from flowerdro.core.affine import (
     DEFAULT_MAX_DIM,
-    apply_affine,
+    affine_ascent_update,
     check_affine_dim,
     check_ascent_rates,
     flat_dim,
-    identity_shift,
-    pgd_l2_attack,
 )
+from flowerdro.models.affine import apply_affine, identity_shift, pgd_l2_attack
 
-#: ``context.state`` keys: the node's (Λ_i, δ_i) and a small counter record.
-STATE_AFFINE, STATE_AFFINE_META = "fedrobust.affine", "fedrobust.meta"
+#: Message content: the partition's shift (ArrayRecord ``affine`` {``lambda``, ``delta``}) both
+#: ways, and the number of FedRobust rounds it has seen (config ``affine-rounds``).
+AFFINE_RECORD, AFFINE_ROUNDS = "affine", "affine-rounds"
 #: Adversarial-training variants (message types ``train.fgm`` / ``train.pgd``).
 ADVERSARIAL_KINDS = ("fgm", "pgd")
 #: Salts of the random streams (apart from handlers' 11, 23 and SCAFF-PD's 37, 41, 43).
@@ -88,7 +89,7 @@ _SALT_FEDROBUST, _SALT_ADV = 53, 59
 # --------------------------------------------------------------------------- state
 @dataclass
 class AffineState:
-    """A node's affine shift (Λ_i, δ_i) and how many FedRobust rounds have updated it."""
+    """A partition's affine shift (Λ_i, δ_i) and how many FedRobust rounds have updated it."""
 
     lam: torch.Tensor
     delta: torch.Tensor
@@ -106,36 +107,36 @@ class AffineState:
         return float(torch.linalg.norm(self.delta))
 
 
-def load_affine_state(context: Context, d: int, *, device: torch.device | None = None,
-                      dtype: torch.dtype = torch.float32) -> AffineState:
-    """(Λ_i, δ_i) from ``context.state`` (``(I, 0)`` when the node has none yet).
+def shift_from_message(message: Message, d: int, *, device: torch.device | None = None,
+                       dtype: torch.dtype = torch.float32) -> AffineState:
+    """(Λ_i, δ_i) and the round count the server sent (``(I, 0)``, 0 rounds, when it sent none).
 
-    Raises a ValueError when the stored shift does not have dimension d (the node's data
-    changed shape under it).
+    Raises a ValueError when the shift does not have dimension d (it belongs to inputs of
+    another shape).
     """
-    rec = context.state.array_records.get(STATE_AFFINE) if STATE_AFFINE in context.state else None
+    rec = message.content.array_records.get(AFFINE_RECORD)
+    cfg = message.content.config_records.get("config")
+    rounds = int(cfg[AFFINE_ROUNDS]) if cfg is not None and AFFINE_ROUNDS in cfg else 0
     if rec is None:
         lam, delta = identity_shift(d, dtype=dtype, device=device)
         return AffineState(lam, delta, 0)
+    if "lambda" not in rec or "delta" not in rec:
+        raise ValueError(f"message: the ArrayRecord '{AFFINE_RECORD}' needs 'lambda' and 'delta', "
+                         f"got {sorted(rec.keys())}")
     lam_np, delta_np = rec["lambda"].numpy(), rec["delta"].numpy()
     if lam_np.shape != (d, d) or delta_np.shape != (d,):
-        raise ValueError(
-            f"context.state['{STATE_AFFINE}']: stored Λ {lam_np.shape} / δ {delta_np.shape} do not fit inputs "
-            f"with d = {d} features"
-        )
-    meta = context.state.config_records.get(STATE_AFFINE_META) if STATE_AFFINE_META in context.state else None
-    rounds = int(meta["rounds"]) if meta is not None and "rounds" in meta else 0
+        raise ValueError(f"message['{AFFINE_RECORD}']: Λ {lam_np.shape} / δ {delta_np.shape} do not fit inputs "
+                         f"with d = {d} features")
     return AffineState(torch.tensor(lam_np, dtype=dtype, device=device),
                        torch.tensor(delta_np, dtype=dtype, device=device), rounds)
 
 
-def save_affine_state(context: Context, state: AffineState) -> None:
-    """Write (Λ_i, δ_i) (float32) and the round counter into ``context.state``."""
-    context.state[STATE_AFFINE] = ArrayRecord({
+def shift_record(state: AffineState) -> ArrayRecord:
+    """(Λ_i, δ_i) as the reply's ArrayRecord ``affine`` (float32)."""
+    return ArrayRecord({
         "lambda": Array(np.ascontiguousarray(state.lam.detach().cpu().numpy().astype(np.float32))),
         "delta": Array(np.ascontiguousarray(state.delta.detach().cpu().numpy().astype(np.float32))),
     })
-    context.state[STATE_AFFINE_META] = ConfigRecord({"rounds": int(state.rounds)})
 
 
 # --------------------------------------------------------------------------- training loops
@@ -204,24 +205,25 @@ def fedrobust_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, dev)
     loss_sum = 0.0
-    model.train()
-    for _ in range(steps):
-        idx = next(batches)
-        model.zero_grad(set_to_none=True)
-        lam.requires_grad_(True)
-        delta.requires_grad_(True)
-        loss = criterion(model(apply_affine(data.x_train[idx], lam, delta)), data.y_train[idx])
-        loss.backward()
-        loss_sum += float(loss.detach())
-        with torch.no_grad():
-            g_lam, g_delta = lam.grad, delta.grad
-            assert g_lam is not None and g_delta is not None
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-            new_lam = lam + adv_lr * (g_lam - 2.0 * penalty * (lam - eye))
-            new_delta = delta + adv_lr * (g_delta - 2.0 * penalty * delta)
-        lam, delta = new_lam.detach(), new_delta.detach()
+    with seeded_global_rng(generator):  # dropout layers draw from it
+        model.train()
+        for _ in range(steps):
+            idx = next(batches)
+            model.zero_grad(set_to_none=True)
+            lam.requires_grad_(True)
+            delta.requires_grad_(True)
+            loss = criterion(model(apply_affine(data.x_train[idx], lam, delta)), data.y_train[idx])
+            loss.backward()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                g_lam, g_delta = lam.grad, delta.grad
+                assert g_lam is not None and g_delta is not None
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
+                new_lam, new_delta = affine_ascent_update(lam, delta, g_lam, g_delta, adv_lr=adv_lr,
+                                                          penalty=penalty, eye=eye)
+            lam, delta = new_lam.detach(), new_delta.detach()
     res = TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
                       loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
     return res, lam, delta
@@ -234,9 +236,11 @@ def adversarial_local(
 ) -> TrainResult:
     r"""τ SGD steps on per-sample ℓ₂ adversarial minibatches (FGM or PGD adversarial training).
 
-    For t = 1..τ: x̃_j = x_j + v_j with v_j from :func:`~flowerdro.core.affine.pgd_l2_attack`
+    For t = 1..τ: x̃_j = x_j + v_j with v_j from :func:`~flowerdro.models.affine.pgd_l2_attack`
     at the current w (FGM: one step of size ε; PGD: K = ``attack_steps`` projected steps of
     size α = ``attack_step_size``, default 2.5ε/K), then w ← w − η ∇_w (1/|B|) Σ ℓ(f_w(x̃_j), y_j).
+    The attack ascends the same loss ℓ = ``loss_fn`` the step descends (cross-entropy when
+    unset, MSE on a regression task).
     """
     _check_common(steps, lr, batch_size)
     if kind not in ADVERSARIAL_KINDS:
@@ -249,22 +253,24 @@ def adversarial_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, data.x_train.device)
     loss_sum = 0.0
-    for _ in range(steps):
-        idx = next(batches)
-        xb, yb = data.x_train[idx], data.y_train[idx]
-        if kind == "fgm":
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps)
-        else:
-            xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size)
-        model.train()
-        model.zero_grad(set_to_none=True)
-        loss = criterion(model(xa), yb)
-        loss.backward()
-        loss_sum += float(loss.detach())
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
+    with seeded_global_rng(generator):  # dropout layers draw from it
+        for _ in range(steps):
+            idx = next(batches)
+            xb, yb = data.x_train[idx], data.y_train[idx]
+            if kind == "fgm":
+                xa = pgd_l2_attack(model, xb, yb, eps, steps=1, step_size=eps, loss_fn=loss_fn)
+            else:
+                xa = pgd_l2_attack(model, xb, yb, eps, steps=attack_steps, step_size=attack_step_size,
+                                   loss_fn=loss_fn)
+            model.train()
+            model.zero_grad(set_to_none=True)
+            loss = criterion(model(xa), yb)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
     return TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
                        loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
 
@@ -285,7 +291,7 @@ def _affine_dim(rt: ClientRuntime, context: Context, message: Message) -> int:
 
 
 def fedrobust_train_reply(message: Message, context: Context) -> Message:
-    """``train.fedrobust``: τ GDA steps from the received w and the node's stored (Λ_i, δ_i)."""
+    """``train.fedrobust``: τ GDA steps from the received w and the received (Λ_i, δ_i); reply both."""
     rt = get_runtime(context)
     s = settings_for(message, context)
     steps = s.int("local-steps", 10, minimum=1)
@@ -295,14 +301,13 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     batch_size = s.int("batch-size", 32, minimum=1)
     d = _affine_dim(rt, context, message)
     model = rt.model_from(_received(message))
-    state = load_affine_state(context, d, device=rt.data.x_train.device, dtype=rt.data.x_train.dtype)
+    state = shift_from_message(message, d, device=rt.data.x_train.device, dtype=rt.data.x_train.dtype)
     gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, _SALT_FEDROBUST)
     res, lam, delta = fedrobust_local(model, rt.data, state.lam, state.delta, steps=steps, lr=lr, adv_lr=adv_lr,
                                       penalty=penalty, batch_size=batch_size, generator=gen, loss_fn=rt.loss_fn)
     if not (torch.isfinite(lam).all() and torch.isfinite(delta).all()):
         raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr")
     new_state = AffineState(lam, delta, state.rounds + 1)
-    save_affine_state(context, new_state)
     metrics = MetricRecord({
         "num-examples": res.num_examples,
         "partition-id": rt.partition_id,
@@ -312,7 +317,8 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
         "delta-norm": new_state.delta_norm,
         "affine-rounds": new_state.rounds,
     })
-    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": metrics}), reply_to=message)
+    content = RecordDict({"arrays": ArrayRecord(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
+    return Message(content=content, reply_to=message)
 
 
 def adversarial_train_reply(message: Message, context: Context, kind: str) -> Message:
@@ -340,16 +346,15 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
 
 
 def affine_state_reply(message: Message, context: Context) -> Message:
-    """``query.affine_state``: ‖Λ_i − I‖_F, ‖δ_i‖₂ and the round count of the node's stored shift."""
+    """``query.affine_state``: which partition this node serves and the dimension d of its shift.
+
+    The server keeps every partition's (Λ_i, δ_i); it asks a node it has not heard from
+    (a restarted SuperNode has a new node id) before sending it a partition's shift.
+    """
     rt = get_runtime(context)
-    d = flat_dim(rt.input_shape)
-    state = load_affine_state(context, d)
     metrics = MetricRecord({
         "num-examples": rt.data.num_train,
         "partition-id": rt.partition_id,
-        "lambda-dev-fro": state.lambda_dev_fro,
-        "delta-norm": state.delta_norm,
-        "affine-dim": d,
-        "affine-rounds": state.rounds,
+        "affine-dim": flat_dim(rt.input_shape),
     })
     return Message(content=RecordDict({"metrics": metrics}), reply_to=message)

@@ -31,16 +31,15 @@ Three message types (``apps/client_app.py`` routes them here):
     ``server-round`` (its phase-1 reply never happened).
 
 ``train.scaffold`` (SCAFFOLD)
-    Content ``arrays`` (x), ``control`` (the server's c) and ``config``: ``lr`` η_l,
-    ``local-steps`` K, ``batch-size``, ``seed``, ``server-round``, ``control-key`` (a label
-    of the run; a client whose stored c_i has another key, or other shapes, restarts from
-    c_i = 0). K steps of y ← y − η_l (g_i(y) − c_i + c), then option II
+    Content ``arrays`` (x), ``control`` (the correction c − c_i: the server keeps c and
+    every c_i) and ``config``: ``lr`` η_l, ``local-steps`` K, ``batch-size``, ``seed``,
+    ``server-round``. K steps of y ← y − η_l (g_i(y) − c_i + c), then option II
 
     .. math:: c_i^+ = c_i - c + \frac{x - y_K}{K\,\eta_l}.
 
-    The client keeps c_i^+ in ``context.state["scaffold.control"]`` (its run key in
-    ``"scaffold.meta"``) across rounds (zero at first). Reply: ``arrays`` = y_K, ``control_delta`` = c_i^+ − c_i, ``metrics``
-    {``num-examples``, ``partition-id``, ``train_loss_local``, ``local-steps``}.
+    The client keeps nothing between rounds. Reply: ``arrays`` = y_K, ``control`` = c_i^+
+    (zeros for non-trainable buffers), ``metrics`` {``num-examples``, ``partition-id``,
+    ``train_loss_local``, ``local-steps``}.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ from flowerdro.clients.training import (
 
 #: ``context.state`` keys.
 STATE_GRAD, STATE_META = "scaffpd.grad", "scaffpd.meta"
-STATE_CONTROL, STATE_CONTROL_META = "scaffold.control", "scaffold.meta"
 #: Values of the ``grad-on`` config key.
 GRAD_ON = ("full", "batch")
 #: Salts of the random streams (kept apart from handlers' train/query salts 11, 23).
@@ -224,30 +222,18 @@ def scaffpd_train_reply(message: Message, context: Context) -> Message:
 
 
 def scaffold_train_reply(message: Message, context: Context) -> Message:
-    """SCAFFOLD: K corrected local steps, option-II control update; reply y_K and c_i⁺ − c_i."""
+    """SCAFFOLD: K local steps corrected by the received c − c_i; option II; reply y_K and c_i⁺."""
     rt = get_runtime(context)
     s = settings_for(message, context)
-    received = _array(message, "arrays")
-    model = rt.model_from(received)
-    c_global = _tensors(_array(message, "control"), model, "control")
-    key = s.str("control-key", "")
-    c_local = {k: torch.zeros_like(v) for k, v in c_global.items()}
-    meta = context.state.config_records.get(STATE_CONTROL_META)
-    if STATE_CONTROL in context.state.array_records and meta is not None and str(meta["control-key"]) == key:
-        try:
-            c_local = _tensors(context.state.array_records[STATE_CONTROL], model, "stored c_i")
-        except ValueError:  # another model: start from zero
-            pass
+    model = rt.model_from(_array(message, "arrays"))
+    correction = _tensors(_array(message, "control"), model, "control")
     x = {k: v.detach().clone() for k, v in model.named_parameters()}
-    correction = {k: c_global[k] - c_local[k] for k in c_global}
     state, mean_loss, n, lr, steps = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFOLD)
-    c_new = {k: c_local[k] - c_global[k] + (x[k] - state[k]) / (steps * lr) for k in c_global}
-    delta = {k: c_new[k] - c_local[k] for k in c_global}
-    context.state[STATE_CONTROL] = _record_like(model, c_new)
-    context.state[STATE_CONTROL_META] = ConfigRecord({"control-key": key})
+    # c_i⁺ = c_i − c + (x − y_K)/(K η_l) = (x − y_K)/(K η_l) − (c − c_i)
+    c_new = {k: (x[k] - state[k]) / (steps * lr) - correction[k] for k in correction}
     content = RecordDict({
         "arrays": ArrayRecord(state),
-        "control_delta": _record_like(model, delta),
+        "control": _record_like(model, c_new),
         "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
     })
     return Message(content=content, reply_to=message)
@@ -255,7 +241,6 @@ def scaffold_train_reply(message: Message, context: Context) -> Message:
 
 __all__ = [
     "GRAD_ON",
-    "STATE_CONTROL",
     "STATE_GRAD",
     "STATE_META",
     "loss_and_gradient",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,21 @@ def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     or (n,) is compared with ``target`` of shape (n,).
     """
     return F.mse_loss(output.reshape(target.shape), target)
+
+
+def scaled_loss(loss_fn: LossFn | None, factor: float) -> LossFn:
+    """The loss s·ℓ(output, target) with ℓ = ``loss_fn`` (cross-entropy when None), s = ``factor``.
+
+    A ``loss-scale`` attacker trains on it (FedMGDA+ §6.2.2): every gradient, and so every
+    local step, is s times the honest one at the same point.
+    """
+    base = loss_fn or F.cross_entropy
+    s = float(factor)
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return s * base(output, target)
+
+    return loss
 
 
 def loss_function(task: str) -> LossFn:
@@ -161,6 +177,29 @@ def batch_loss(
         return float((loss_fn or F.cross_entropy)(model(x[idx]), y[idx]))
 
 
+#: Salt of the global-RNG seed a training loop derives from its minibatch generator.
+_SALT_GLOBAL_RNG = 97
+
+
+@contextmanager
+def seeded_global_rng(generator: torch.Generator) -> Iterator[None]:
+    """Seed torch's global RNG from ``generator``'s seed for a training loop, then restore it.
+
+    Dropout layers (the FedMGDA+ paper's networks) draw their masks from the global RNG (CPU,
+    and the current CUDA device when there is one), not from the loop's minibatch generator.
+    Inside this context that RNG starts from a seed derived from the generator's initial seed
+    and a salt (the generator itself is not advanced), so a client's local training is
+    repeatable from the run seed whatever else ran in the process; on exit the global RNG is
+    back where it was.
+    """
+    seed = int(generator.initial_seed())
+    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, _SALT_GLOBAL_RNG])
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(ss.generate_state(1, dtype=np.uint64)[0] & 0x7FFF_FFFF_FFFF_FFFF))
+        yield
+
+
 def clone_state(model: nn.Module) -> StateDict:
     """Detached copy of the model's state dict."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -258,31 +297,32 @@ def local_sgd(
     batches = minibatches(data.num_train, batch_size, generator, device)
     snapshot: StateDict | None = None
     loss_sum = 0.0
-    model.train()
-    for t in range(1, steps + 1):
-        idx = next(batches)
-        model.zero_grad(set_to_none=True)
-        loss = criterion(model(data.x_train[idx]), data.y_train[idx])
-        loss.backward()
-        lval = float(loss.detach())
-        loss_sum += lval
-        if t == 1 and loss_before_on == "batch":
-            loss_before = lval
-        if grad_hook is not None:
-            grad_hook(model, t)
-        scale = step_scale(lval) if step_scale is not None else 1.0
-        with torch.no_grad():
-            for i, p in enumerate(params):
-                if p.grad is None:
-                    continue
-                g = p.grad if scale == 1.0 else p.grad * scale
-                if anchor is not None:
-                    g = g + proximal_mu * (p - anchor[i])
-                if weight_decay:
-                    g = g + weight_decay * p
-                p.add_(g, alpha=-lr)
-        if snapshot_step == t:
-            snapshot = clone_state(model)
+    with seeded_global_rng(generator):  # dropout layers draw from it
+        model.train()
+        for t in range(1, steps + 1):
+            idx = next(batches)
+            model.zero_grad(set_to_none=True)
+            loss = criterion(model(data.x_train[idx]), data.y_train[idx])
+            loss.backward()
+            lval = float(loss.detach())
+            loss_sum += lval
+            if t == 1 and loss_before_on == "batch":
+                loss_before = lval
+            if grad_hook is not None:
+                grad_hook(model, t)
+            scale = step_scale(lval) if step_scale is not None else 1.0
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    if p.grad is None:
+                        continue
+                    g = p.grad if scale == 1.0 else p.grad * scale
+                    if anchor is not None:
+                        g = g + proximal_mu * (p - anchor[i])
+                    if weight_decay:
+                        g = g + weight_decay * p
+                    p.add_(g, alpha=-lr)
+            if snapshot_step == t:
+                snapshot = clone_state(model)
     return TrainResult(
         state=clone_state(model),
         steps=steps,

@@ -9,15 +9,12 @@ flwr):
   Federated Averaging", NeurIPS 2020, https://arxiv.org/abs/2102.12660
   (Algorithm 1: projected ascent; Algorithm 2: proximal ascent on a regularised
   objective). AFL (Mohri et al., 2019) is DRFA without regulariser.
-* SCAFF-PD — Y. Yu, S. P. Karimireddy, Y. Ma, M. I. Jordan, "Scaff-PD: Communication
-  Efficient Fair and Robust Federated Learning", 2023, https://arxiv.org/abs/2307.13381
-  (extrapolated proximal step on λ).
 * KL-regularised DRO (DR-DSGD) — I. Issaid, A. Elgabli, M. Bennis, "DR-DSGD: A
   Distributionally Robust Decentralized Learning Algorithm over Graphs", TMLR 2022,
   https://arxiv.org/abs/2208.13810 (closed-form inner maximum, a log-sum-exp).
 
 Notation: N clients, λ ∈ Δ = {λ ≥ 0, Σλ_i = 1}, τ local steps, γ the dual step size,
-σ the SCAFF-PD dual step size, ρ the regulariser strength, μ the KL temperature.
+ρ the regulariser strength, μ the KL temperature.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ from flowerdro.core.simplex import _as_vector, project_capped_simplex, project_s
 
 __all__ = [
     "DRFA_REGULARIZERS",
-    "SCAFFPD_OBJECTIVES",
     "chi2_divergence",
     "drfa_dual_ascent",
     "drfa_loss_vector",
@@ -41,12 +37,9 @@ __all__ = [
     "kl_divergence",
     "kl_dro_value",
     "kl_dro_weights",
-    "scaffpd_dual_step",
-    "scaffpd_extrapolate",
 ]
 
 DRFA_REGULARIZERS: tuple[str, ...] = ("kl", "chi2", "l2")
-SCAFFPD_OBJECTIVES: tuple[str, ...] = ("chi2", "afl", "cvar")
 
 # Tolerance for "λ is a point of the simplex" on inputs (λ comes from earlier rounds
 # and from floating-point projections, so exact equality is not expected).
@@ -405,129 +398,6 @@ def drfa_prox_step(
     if kappa < 1e-300:  # 1/κ overflows; the KL term is below float resolution
         return project_simplex(y)
     return _kl_prox(y, kappa)
-
-
-# ------------------------------------------------------------------------- SCAFF-PD
-def scaffpd_extrapolate(loss_now: ArrayLike, loss_prev: ArrayLike, theta: float) -> np.ndarray:
-    r"""SCAFF-PD extrapolated loss vector (Yu et al., 2023, Algorithm 1).
-
-    .. math::
-
-        s^{r} = (1 + \theta)\, L(x^{r}) - \theta\, L(x^{r-1}),
-
-    where :math:`L(x) = (f_1(x), \dots, f_N(x))` are the client losses and
-    :math:`\theta` the extrapolation (momentum) parameter. Use
-    ``loss_prev = loss_now`` in the first round (no extrapolation).
-
-    Parameters
-    ----------
-    loss_now : array_like, shape (N,)
-        :math:`L(x^r)`, finite.
-    loss_prev : array_like, shape (N,)
-        :math:`L(x^{r-1})`, finite.
-    theta : float
-        :math:`\theta \ge 0` (the paper uses :math:`\theta \in [0, 1]`).
-
-    Returns
-    -------
-    numpy.ndarray, shape (N,), float64
-        :math:`s^r`.
-
-    Raises
-    ------
-    ValueError
-        If the vectors differ in length or are not finite, or ``theta < 0``.
-
-    Examples
-    --------
-    >>> scaffpd_extrapolate([1.0, 2.0], [0.0, 4.0], theta=0.5)
-    array([1.5, 1. ])
-    """
-    now = _vector(loss_now, "loss_now")
-    prev = _vector(loss_prev, "loss_prev")
-    _same_length(prev, "loss_prev", now, "loss_now")
-    th = _nonnegative(theta, "theta")
-    return (1.0 + th) * now - th * prev
-
-
-def scaffpd_dual_step(
-    lam: ArrayLike,
-    s: ArrayLike,
-    sigma: float,
-    objective: str,
-    rho: float = 0.0,
-    alpha: float | None = None,
-) -> np.ndarray:
-    r"""SCAFF-PD proximal dual step (Yu et al., 2023, Algorithm 1).
-
-    .. math::
-
-        \lambda^{r+1} = \arg\min_{\lambda \in \Lambda}\ \psi(\lambda)
-            - \langle s^r, \lambda\rangle + \frac{1}{2\sigma}\|\lambda - \lambda^r\|_2^2 ,
-
-    with :math:`s^r` from :func:`scaffpd_extrapolate`, :math:`\sigma` the dual step size
-    and, per ``objective``:
-
-    * ``"afl"``: :math:`\psi = 0`, :math:`\Lambda = \Delta`:
-      :math:`\lambda^{r+1} = \Pi_\Delta(\lambda^r + \sigma s^r)`.
-    * ``"cvar"``: :math:`\psi = 0`,
-      :math:`\Lambda = \{\lambda\in\Delta : \lambda_i \le 1/(\alpha N)\}`,
-      :math:`\alpha \in (0, 1]`:
-      :math:`\lambda^{r+1} = \Pi_\Lambda(\lambda^r + \sigma s^r)` (capped simplex).
-    * ``"chi2"``: :math:`\psi(\lambda) = \frac{\rho}{2N}\sum_i (N\lambda_i - 1)^2
-      = \frac{\rho N}{2}\|\lambda - \tfrac1N\mathbf 1\|^2`, :math:`\Lambda = \Delta`.
-      Completing the square,
-      :math:`\lambda^{r+1} = \Pi_\Delta\big((\lambda^r + \sigma s^r + \sigma\rho)/(1 + \sigma\rho N)\big)`.
-
-    Parameters
-    ----------
-    lam : array_like, shape (N,)
-        :math:`\lambda^r`, a point of :math:`\Lambda` (checked on the simplex,
-        tolerance 1e-6).
-    s : array_like, shape (N,)
-        :math:`s^r`, finite.
-    sigma : float
-        :math:`\sigma > 0`.
-    objective : {"chi2", "afl", "cvar"}
-        Which DRO objective.
-    rho : float, default 0.0
-        :math:`\rho \ge 0`, used by ``"chi2"`` only (ignored otherwise).
-    alpha : float or None, default None
-        CVaR level :math:`\alpha \in (0, 1]`; required by ``"cvar"``, ignored otherwise.
-
-    Returns
-    -------
-    numpy.ndarray, shape (N,), float64
-        :math:`\lambda^{r+1}`.
-
-    Raises
-    ------
-    ValueError
-        If ``objective`` is not one of ``"chi2"``, ``"afl"``, ``"cvar"``, ``sigma <= 0``,
-        ``rho < 0``, ``alpha`` is missing or outside ``(0, 1]`` for ``"cvar"``, or
-        ``lam``/``s`` are invalid.
-
-    Examples
-    --------
-    >>> scaffpd_dual_step([0.5, 0.5], [1.0, 0.0], sigma=0.2, objective="afl")
-    array([0.6, 0.4])
-    """
-    _one_of(objective, SCAFFPD_OBJECTIVES, "objective")
-    lam_arr, s_arr = _simplex_and_vector(lam, s, "s")
-    sigma_f = _positive(sigma, "sigma")
-    rho_f = _nonnegative(rho, "rho")
-    n = lam_arr.size
-    y = lam_arr + sigma_f * s_arr
-    if objective == "afl":
-        return project_simplex(y)
-    if objective == "cvar":
-        if alpha is None:
-            raise ValueError("alpha must be given for objective='cvar' (allowed range (0, 1])")
-        a = _real(alpha, "alpha", "(0, 1]")
-        if not 0.0 < a <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-        return project_capped_simplex(y, 1.0 / (a * n))
-    return project_simplex((y + sigma_f * rho_f) / (1.0 + sigma_f * rho_f * n))
 
 
 # ------------------------------------------------------------------ KL-regularised DRO

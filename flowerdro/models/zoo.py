@@ -1,4 +1,9 @@
-"""Model zoo: logistic regression, MLP and the papers' small CNNs (torch only)."""
+"""Model zoo: logistic regression, MLP, LeNet-5 and the papers' small CNNs (torch only).
+
+``cnn_cifar10``, ``cnn_fmnist`` and ``cnn_femnist`` are the networks of the FedMGDA+ paper's
+Tables 2-4 (Hu, Shaloudegi, Zhang, Yu, arXiv:2006.11489); ``cnn_mnist`` is FedRobust's MNIST
+CNN; ``lenet`` is LeNet-5 (not a network of those papers).
+"""
 
 from __future__ import annotations
 
@@ -89,8 +94,9 @@ class SmallCNN(nn.Module):
 class LeNetCNN(nn.Module):
     """LeNet-style CNN: conv5×5(c1) → pool → conv5×5(c2) → pool → FC(f1) → FC(f2) → FC(classes).
 
-    The FedMGDA+ appendix uses networks of this family for CIFAR-10 (c1=6, c2=16,
-    120/84 hidden units), Fashion-MNIST and FEMNIST.
+    With the defaults (c1, c2) = (6, 16), (f1, f2) = (120, 84) it is LeNet-5 (``lenet``),
+    for any (c, h, w) input with h, w ≥ 16. Not one of the FedMGDA+ paper's networks
+    (those are :class:`FedMGDACifarCNN`, :class:`FedMGDAFmnistCNN`, :class:`FedMGDAFemnistCNN`).
     """
 
     def __init__(
@@ -113,6 +119,105 @@ class LeNetCNN(nn.Module):
             nn.Linear(c2 * hh * ww, hidden[0]), nn.ReLU(),
             nn.Linear(hidden[0], hidden[1]), nn.ReLU(),
             nn.Linear(hidden[1], num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.features(x))
+
+
+def _conv_pool_side(side: int, layers: Sequence[tuple[str, int]]) -> int:
+    """Spatial size after unpadded convolutions (``("conv", k)``: side − k + 1) and 2×2 pools (``("pool", 2)``)."""
+    for kind, k in layers:
+        side = side - k + 1 if kind == "conv" else side // k
+        if side < 1:
+            raise ValueError(f"input_shape: images too small for this network (a side reaches {side})")
+    return side
+
+
+class FedMGDACifarCNN(nn.Module):
+    """The FedMGDA+ paper's CIFAR-10 network (Hu et al., arXiv:2006.11489, Table 2), ``cnn_cifar10``.
+
+    conv5×5 3→64 → ReLU → maxpool 2 → LRN → conv5×5 64→64 → ReLU → LRN → maxpool 2 →
+    FC 1600→384 → ReLU → FC 384→192 → ReLU → FC 192→classes (1600 = 64·5·5 for 32×32
+    inputs: 32 −4→ 28 /2→ 14 −4→ 10 /2→ 5). The local response normalisation is TensorFlow's
+    CIFAR-10 tutorial's (depth radius 4, bias 1, α = 0.001/9, β = 0.75), i.e. torch's
+    ``LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1)`` (torch divides α by the size);
+    it has no parameters.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = _image_shape(input_shape)
+        layers = (("conv", 5), ("pool", 2), ("conv", 5), ("pool", 2))
+        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 64, 5), nn.ReLU(), nn.MaxPool2d(2), _lrn(),
+            nn.Conv2d(64, 64, 5), nn.ReLU(), _lrn(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64 * hh * ww, 384), nn.ReLU(),
+            nn.Linear(384, 192), nn.ReLU(),
+            nn.Linear(192, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.features(x))
+
+
+def _lrn() -> nn.Module:
+    return nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)
+
+
+class FedMGDAFmnistCNN(nn.Module):
+    """The FedMGDA+ paper's Fashion-MNIST network (arXiv:2006.11489, Table 3), ``cnn_fmnist``.
+
+    conv5×5 1→10 → maxpool 2 → ReLU → conv5×5 10→20 → maxpool 2 → ReLU → Dropout2d(0.5) →
+    FC 320→50 → ReLU → Dropout(0.5) → FC 50→classes (320 = 20·4·4 for 28×28 inputs:
+    28 −4→ 24 /2→ 12 −4→ 8 /2→ 4). ReLU and max-pooling commute, so the order of the two does
+    not change the function.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = _image_shape(input_shape)
+        layers = (("conv", 5), ("pool", 2), ("conv", 5), ("pool", 2))
+        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(10, 20, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Dropout2d(0.5),
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(20 * hh * ww, 50), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(50, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.features(x))
+
+
+class FedMGDAFemnistCNN(nn.Module):
+    """The FedMGDA+ paper's FEMNIST network (arXiv:2006.11489, Table 4), ``cnn_femnist``.
+
+    conv3×3 1→32 → ReLU → conv3×3 32→64 → ReLU → maxpool 2 → Dropout(0.25) →
+    FC 9216→128 → ReLU → Dropout(0.5) → FC 128→classes (62 for FEMNIST; 9216 = 64·12·12
+    for 28×28 inputs: 28 −2→ 26 −2→ 24 /2→ 12).
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = _image_shape(input_shape)
+        layers = (("conv", 3), ("conv", 3), ("pool", 2))
+        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 32, 3), nn.ReLU(),
+            nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64 * hh * ww, 128), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(128, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
@@ -148,9 +253,10 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "linear": lambda s, k, **kw: LinearRegression(s),
     "mlp": lambda s, k, **kw: MLP(s, k, parse_hidden(kw.get("hidden"))),
     "cnn_mnist": lambda s, k, **kw: SmallCNN(s, k),
-    "cnn_cifar10": lambda s, k, **kw: LeNetCNN(s, k, (6, 16), (120, 84)),
-    "cnn_fmnist": lambda s, k, **kw: LeNetCNN(s, k, (6, 16), (120, 84)),
-    "cnn_femnist": lambda s, k, **kw: LeNetCNN(s, k, (32, 64), (512, 128)),
+    "cnn_cifar10": lambda s, k, **kw: FedMGDACifarCNN(s, k),
+    "cnn_fmnist": lambda s, k, **kw: FedMGDAFmnistCNN(s, k),
+    "cnn_femnist": lambda s, k, **kw: FedMGDAFemnistCNN(s, k),
+    "lenet": lambda s, k, **kw: LeNetCNN(s, k, (6, 16), (120, 84)),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))

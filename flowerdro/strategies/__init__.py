@@ -13,7 +13,7 @@ from flowerdro.strategies.baselines import (
     FlowerBaseline,
     QFedAvgBaseline,
 )
-from flowerdro.strategies.drdsgd import DRDSGD, drdsgd, dsgd
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
@@ -25,6 +25,7 @@ __all__ = [
     "ALGORITHMS",
     "DRDSGD",
     "DRFA",
+    "DSGD",
     "SCAFFOLD",
     "SCAFFPD",
     "AdversarialTraining",
@@ -38,8 +39,6 @@ __all__ = [
     "QFedAvgBaseline",
     "RunFailedError",
     "build_strategy",
-    "drdsgd",
-    "dsgd",
     "register",
     "strategy_names",
 ]

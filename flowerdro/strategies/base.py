@@ -159,10 +159,13 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         self.comm = Communicator(self.run_name)
         self.results = ClientResults(self.loop.accuracy_metric, self.loop.loss_metric)
         self.history: list[dict[str, Any]] = []
+        #: The malicious clients' attack (NodeSettings.attack_record; set by build_strategy), in settings().
+        self.attack: dict[str, Any] = {}
         self.current_arrays: ArrayRecord | None = None
         self.wait_timeout = 120.0
         self._observers: list[Any] = []
         self._round = 0
+        self._asked: set[int] = set()
 
     # ------------------------------------------------------------------ settings and observers
     @property
@@ -171,10 +174,11 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         return self.loop.eval_metric or self.loop.accuracy_metric
 
     def settings(self) -> dict[str, Any]:
-        """Every setting of the run (algorithm, loop, local training) for logs and results."""
+        """Every setting of the run (algorithm, loop, local training, the attack if any) for logs and results."""
         out = {"strategy": self.name}
         for obj in (self.config, self.loop, self.training):
             out.update({f.name: getattr(obj, f.name) for f in fields(obj)})
+        out.update(self.attack)
         return out
 
     def summary(self) -> None:
@@ -203,17 +207,49 @@ class FairStrategy(_TransitionalAttributes, Strategy):
 
     # ------------------------------------------------------------------ nodes and sampling
     def nodes(self, grid: Grid) -> list[int]:
-        """Connected node ids, sorted; waits (up to ``wait_timeout``) for ``min-available-nodes``."""
+        """Connected node ids in partition order; waits (up to ``wait_timeout``) for ``min-available-nodes``.
+
+        Nodes whose partition is known come first, by partition id, then the others by node
+        id. A node never heard from is asked its partition once (:meth:`roll_call`), so
+        sampling, which draws positions in this list, selects the same partitions for a seed
+        whatever ids the nodes got (simulation, deployment and in-process runs agree, and a
+        restarted node takes its partition's place).
+        """
         start = time.monotonic()
         while True:
-            ids = sorted(int(n) for n in grid.get_node_ids())
-            if len(ids) >= self.loop.min_available_nodes:
-                return ids
+            connected = [int(n) for n in grid.get_node_ids()]
+            if len(connected) >= self.loop.min_available_nodes:
+                self.roll_call(grid, connected)
+                part = self.comm.node_to_partition
+                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
             if time.monotonic() - start > self.wait_timeout:
                 raise RuntimeError(f"min-available-nodes: waited {self.wait_timeout:.0f} s for "
-                                   f"{self.loop.min_available_nodes} nodes, only {len(ids)} connected")
-            log(INFO, "Waiting for nodes: %d connected, %d needed", len(ids), self.loop.min_available_nodes)
+                                   f"{self.loop.min_available_nodes} nodes, only {len(connected)} connected")
+            log(INFO, "Waiting for nodes: %d connected, %d needed", len(connected), self.loop.min_available_nodes)
             time.sleep(1.0)
+
+    def roll_call(self, grid: Grid, node_ids: Sequence[int]) -> None:
+        """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
+
+        A node that does not answer, or answers without a ``partition-id``, is learnt from
+        its first reply instead.
+        """
+        ask = [n for n in node_ids if n not in self.comm.node_to_partition and n not in self._asked]
+        if not ask:
+            return
+        self._asked.update(ask)
+        content = RecordDict({"config": ConfigRecord({"weights": False})})
+        messages = [Message(content=content.copy() if hasattr(content, "copy") else content,
+                            dst_node_id=n, message_type="query.init") for n in ask]
+        try:
+            replies = list(grid.send_and_receive(messages, timeout=min(self.comm.timeout, 120.0)))
+        except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
+            log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
+            return
+        for reply in replies:
+            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
+            if metrics is not None and "partition-id" in metrics:
+                self.comm.learn(int(reply.metadata.src_node_id), int(metrics["partition-id"]))
 
     def num_train_nodes(self, num_nodes: int) -> int:
         """How many nodes to sample: ``max(min-train-nodes, round(fraction-train·N))``, at most N."""
@@ -359,7 +395,8 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Put the server back in the state of ``checkpoint``; returns the global model."""
         self._round = int(checkpoint["round"])
         self.rng.bit_generator.state = checkpoint["rng"]
-        self.comm.node_to_partition = dict(checkpoint["node_to_partition"])
+        # what the nodes connected now said of themselves wins over the checkpoint's map
+        self.comm.node_to_partition = {**dict(checkpoint["node_to_partition"]), **self.comm.node_to_partition}
         self.comm.partitions_seen = set(checkpoint["partitions_seen"])
         self.comm.failures = list(checkpoint["failures"])
         self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}

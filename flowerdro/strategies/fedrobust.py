@@ -13,245 +13,250 @@ FedRobust solves problem (3),
 
 by local gradient descent-ascent (Algorithm 1): every sampled node i runs τ iterations
 of one stochastic descent step on w (rate η₁) and one stochastic ascent step on its own
-(Λ_i, δ_i) (rate η₂), both at the current point; every τ iterations the server averages
-the w's only,
+(Λ_i, δ_i) (rate η₂, :func:`flowerdro.core.affine.affine_ascent_update`), both at the
+current point; every τ iterations the server averages the w's only,
 
 .. math:: w^{k+1} = \sum_{i \in S_k} \frac{m_i}{\sum_{j \in S_k} m_j} w_i^{k,\tau}.
 
-(Λ_i, δ_i) stay on the node, in ``context.state`` (see
-:mod:`flowerdro.clients.robust`), across rounds; the server never sees them.
+Each partition's (Λ_i, δ_i) is kept by the server, keyed by partition id (not node id),
+in ``self.state``: it travels to the node with each ``train.fedrobust`` message and comes
+back updated in the reply, so a SuperNode that restarts (new node id, same partition)
+continues from its partition's shift, and a checkpoint holds every shift. The price is
+the shift's size, (d² + d)·4 bytes each way per sampled client and round
+(:func:`flowerdro.core.affine.affine_state_bytes`: 2.46 MB for MNIST, 37.8 MB for
+CIFAR-10). Before sending a shift to a node it has not heard from, while it stores a
+shift that no connected node is known to serve, the server asks that node which
+partition it serves (``query.affine_state``). A reply whose round count shows it was
+trained from another shift than the stored one is dropped, so a stored shift is never
+overwritten by one that restarted from (I, 0).
 
-Messages: ``train.fedrobust`` with config ``lr`` η₁, ``adv-lr`` η₂, ``affine-lambda`` λ,
-``local-steps`` τ, ``batch-size`` (and ``server-round``, ``seed``); reply ``arrays`` +
-``metrics`` (``lambda-dev-fro``, ``delta-norm`` besides the usual keys).
-:class:`AdversarialTraining` sends ``train.fgm`` / ``train.pgd`` with ``adv-eps`` ε,
-``pgd-steps`` K, ``pgd-step-size`` α and averages like FedAvg (the paper's distributed
-FGM and PGD adversarial training).
+Messages: ``train.fedrobust`` (content ``arrays`` w, ``affine`` (Λ_i, δ_i) once the
+partition has one, ``config`` with the clients' training settings, ``adv-lr`` η₂,
+``affine-lambda`` λ, ``affine-max-dim``, ``affine-rounds``); reply ``arrays``, ``affine``
+and ``metrics`` (``lambda-dev-fro``, ``delta-norm``, ``affine-rounds`` besides the usual
+keys). :class:`FedAvgFGM` / :class:`FedAvgPGD` send ``train.fgm`` / ``train.pgd`` with
+``adv-eps`` ε (and ``pgd-steps`` K, ``pgd-step-size`` α) and average like FedAvg (the
+paper's distributed FGM and PGD adversarial training).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any, ClassVar
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerdro.core.affine import check_ascent_rates
+from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_norms
+from flowerdro.protocol import NUM_EXAMPLES
+from flowerdro.settings import Settings, setting
 from flowerdro.strategies.base import FairStrategy
+from flowerdro.strategies.messaging import Failure, metrics_of
+from flowerdro.strategies.records import mean_of_metric_records
+
+__all__ = ["AdversarialTraining", "FGMSettings", "FedAvgFGM", "FedAvgPGD", "FedRobust", "FedRobustSettings",
+           "PGDSettings"]
 
 #: Message type of FedRobust's local GDA.
 TRAIN_FEDROBUST = "train.fedrobust"
-#: Message type of the state query (‖Λ_i − I‖_F, ‖δ_i‖₂).
+#: Message type asking a node which partition it serves (and its input dimension d).
 QUERY_AFFINE_STATE = "query.affine_state"
-#: Metrics of a ``query.affine_state`` reply kept by :meth:`FedRobust.query_affine_state`.
-_STATE_KEYS = ("lambda-dev-fro", "delta-norm", "affine-rounds")
+#: The shift's ArrayRecord and its round count in the config, both ways.
+AFFINE_RECORD, AFFINE_ROUNDS = "affine", "affine-rounds"
 
 
-def _positive(value: float | None, key: str) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"{key}: must be > 0, got {value}")
+@dataclass(frozen=True)
+class FedRobustSettings(Settings):
+    """FedRobust (Reisizadeh et al. 2020, Algorithm 1); τ, η₁ and the batch size are the clients'."""
+
+    adv_lr: float = setting(0.01, "η₂, the ascent rate on each client's affine shift (Λ_i, δ_i)", gt=0)
+    affine_lambda: float = setting(1.0, "λ, the penalty λ‖Λ_i − I‖_F² + λ‖δ_i‖₂² on the shift (λη₂ < 1)", ge=0)
+    affine_max_dim: int = setting(DEFAULT_MAX_DIM, "largest flattened input dimension d a client accepts "
+                                                   "(Λ_i is d×d)", ge=1)
+
+    def check(self) -> None:
+        """The shift ascent contracts only when λη₂ < 1 (:func:`~flowerdro.core.affine.check_ascent_rates`)."""
+        check_ascent_rates(self.adv_lr, self.affine_lambda)
 
 
 class FedRobust(FairStrategy):
-    r"""FedRobust: local GDA on (w, Λ_i, δ_i); the server averages w only.
+    r"""FedRobust: local GDA on (w, Λ_i, δ_i); the server averages w and stores each (Λ_i, δ_i).
 
-    Parameters
-    ----------
-    local_steps : int (default: 10)
-        τ ≥ 1, local iterations per round.
-    adv_lr : float (default: 0.01)
-        η₂ > 0, the ascent rate on (Λ_i, δ_i).
-    affine_lambda : float (default: 1.0)
-        λ ≥ 0, the penalty λ‖Λ_i − I‖_F² + λ‖δ_i‖₂² on the shift.
-    lr : float, optional
-        η₁ > 0, the descent rate on w (unset: the client's run config ``lr``).
-    batch_size : int, optional
-        Minibatch size (unset: the client's run config ``batch-size``).
-    affine_max_dim : int, optional
-        Largest flattened input dimension d a client accepts (unset: the client's default
-        3072, i.e. CIFAR-10); forwarded as ``affine-max-dim``.
-    **kwargs
-        :class:`~flowerdro.strategies.base.FairStrategy` settings (fraction_train, seed, …).
+    ``self.state["shifts"]`` maps a partition id to {``lambda``: Λ_i (d, d), ``delta``: δ_i
+    (d,), ``rounds``: the rounds it has been updated in} (float32 arrays, as the clients
+    send them).
     """
 
-    name = "fedrobust"
+    name: ClassVar[str] = "fedrobust"
+    settings_class: ClassVar[type[Settings]] = FedRobustSettings
+    config: FedRobustSettings
 
-    def __init__(
-        self,
-        *,
-        local_steps: int = 10,
-        adv_lr: float = 0.01,
-        affine_lambda: float = 1.0,
-        lr: float | None = None,
-        batch_size: int | None = None,
-        affine_max_dim: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if local_steps < 1:
-            raise ValueError(f"local-steps: τ must be >= 1, got {local_steps}")
-        _positive(adv_lr, "adv-lr")
-        _positive(lr, "lr")
-        check_ascent_rates(adv_lr, affine_lambda)
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
-        if affine_max_dim is not None and affine_max_dim < 1:
-            raise ValueError(f"affine-max-dim: must be >= 1, got {affine_max_dim}")
-        super().__init__(**kwargs)
-        self.local_steps = int(local_steps)
-        self.adv_lr = float(adv_lr)
-        self.affine_lambda = float(affine_lambda)
-        #: partition id → the node's stored shift, read back after the last round.
-        self.affine_state: dict[str, dict[str, float]] = {}
-        self.lr = lr
-        self.batch_size = batch_size
-        self.affine_max_dim = affine_max_dim
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state: dict[str, Any] = {"shifts": {}}
 
-    def settings(self) -> dict[str, Any]:  # noqa: D102
-        out = super().settings()
-        out.update({"local_steps": self.local_steps, "lr": self.lr, "adv_lr": self.adv_lr,
-                    "affine_lambda": self.affine_lambda, "batch_size": self.batch_size})
-        return out
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+        """Every partition starts at (I, 0): no stored shifts."""
+        self.state = {"shifts": {}}
 
     def client_config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
-        """The round's ``train.fedrobust`` config: run-config keys plus η₁, η₂, λ, τ."""
-        config["server-round"] = server_round
-        config["local-steps"] = self.local_steps
-        config["adv-lr"] = self.adv_lr
-        config["affine-lambda"] = self.affine_lambda
-        if self.lr is not None:
-            config["lr"] = float(self.lr)
-        if self.batch_size is not None:
-            config["batch-size"] = int(self.batch_size)
-        if self.affine_max_dim is not None:
-            config["affine-max-dim"] = int(self.affine_max_dim)
-        config.pop("local-epochs", None)  # τ is the number of GDA iterations
-        return config
+        """The round's ``train.fedrobust`` config: the clients' training settings plus η₂, λ and the d limit."""
+        cfg = self.train_config(config, server_round)
+        cfg["adv-lr"] = self.config.adv_lr
+        cfg["affine-lambda"] = self.config.affine_lambda
+        cfg["affine-max-dim"] = self.config.affine_max_dim
+        cfg.pop("local-epochs", None)  # τ is the number of GDA iterations
+        return cfg
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send w and the GDA settings to a seeded sample of nodes (``train.fedrobust``)."""
+    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+                    ) -> tuple[ArrayRecord, MetricRecord | None]:
+        """Sample, send w with each partition's shift, store the returned shifts, average the w's."""
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
-        content = RecordDict({"arrays": arrays, "config": self.client_config(config, server_round)})
-        return self.build_messages(chosen, content, TRAIN_FEDROBUST)
+        self._identify(grid, nodes, chosen)
+        cfg = self.client_config(config, server_round)
+        messages = self.build_messages(chosen, lambda nid: self._content(nid, arrays, cfg), TRAIN_FEDROBUST)
+        replies = [r for r in self.communicate(grid, messages, phase="train", reference=arrays) if self._store(r)]
+        if not replies:
+            log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
+            return arrays, None
+        # the base's FedAvg over the models only (not the shifts)
+        models = [RecordDict({"arrays": r.content["arrays"], "metrics": metrics_of(r)}) for r in replies]
+        return aggregate_arrayrecords(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
 
-    # aggregate_train: FairStrategy's default, the num-examples-weighted average of w.
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              **kwargs: Any) -> Result:
-        """Run the rounds (:meth:`FairStrategy.start`), then read every node's shift back.
-
-        After the last round every node answers ``query.affine_state`` (the node's stored
-        ‖Λ_i − I‖_F, ‖δ_i‖₂ and the number of rounds it trained); the answers are kept in
-        :attr:`affine_state` and written to ``<output_dir>/affine_state.json``. A node that
-        fails the query is counted under ``affine-state`` like any other failure.
-        """
-        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, **kwargs)
-        self.affine_state = self.query_affine_state(grid)
-        if self.output_dir is not None:
-            (self.output_dir / "affine_state.json").write_text(json.dumps(self.affine_state, indent=2))
-        return result
-
-    def query_affine_state(self, grid: Grid) -> dict[str, dict[str, float]]:
-        """``query.affine_state`` to every node: partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂, rounds trained."""
-        content = RecordDict({"config": ConfigRecord({})})
-        replies = self.communicate(grid, self.build_messages(self.nodes(grid), content, QUERY_AFFINE_STATE),
-                                   phase="affine-state", required_metrics=_STATE_KEYS)
+    def shift_summary(self) -> dict[str, dict[str, float]]:
+        """Partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂ and the rounds of its stored shift."""
         out = {}
-        for reply in replies:
-            m = reply.content["metrics"]
-            out[str(int(m["partition-id"]))] = {k: float(m[k]) for k in _STATE_KEYS}
-        return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+        for pid, s in sorted(self.state["shifts"].items()):
+            lam_dev, delta_norm = shift_norms(s["lambda"], s["delta"])
+            out[str(pid)] = {"lambda-dev-fro": lam_dev, "delta-norm": delta_norm, "affine-rounds": float(s["rounds"])}
+        return out
+
+    def output_files(self) -> dict[str, Any]:
+        """``affine_state.json``: :meth:`shift_summary` after the last round."""
+        return {"affine_state.json": self.shift_summary()}
+
+    # ------------------------------------------------------------------ the shifts
+    def _identify(self, grid: Grid, nodes: Sequence[int], chosen: Sequence[int]) -> None:
+        """Ask the chosen nodes of unknown partition which one they serve, if a stored shift lacks its node."""
+        served = set(self.comm.nodes_of(nodes))
+        orphans = set(self.state["shifts"]) - served
+        unknown = [n for n in chosen if self.partition(n) is None]
+        if orphans and unknown:
+            content = RecordDict({"config": ConfigRecord({})})
+            self.communicate(grid, self.build_messages(unknown, content, QUERY_AFFINE_STATE), phase="affine-state")
+
+    def _content(self, node_id: int, arrays: ArrayRecord, cfg: ConfigRecord) -> RecordDict:
+        """w, the node's partition's shift (when stored) and the config with its round count."""
+        stored = self.state["shifts"].get(self.partition(node_id))
+        node_cfg = ConfigRecord({**dict(cfg), AFFINE_ROUNDS: 0 if stored is None else int(stored["rounds"])})
+        content = RecordDict({"arrays": arrays, "config": node_cfg})
+        if stored is not None:
+            content[AFFINE_RECORD] = ArrayRecord({"lambda": Array(stored["lambda"]), "delta": Array(stored["delta"])})
+        return content
+
+    def _store(self, reply: Message) -> bool:
+        """Store the reply's shift as its partition's (False, with a failure, when it cannot be kept)."""
+        nid = int(reply.metadata.src_node_id)
+        pid = self.partition(nid)
+        stored = self.state["shifts"].get(pid)
+        rounds = 0 if stored is None else int(stored["rounds"])
+        rec = reply.content.array_records.get(AFFINE_RECORD)
+        if rec is None or "lambda" not in rec or "delta" not in rec:
+            return self._reject(nid, "bad-arrays", f"ArrayRecord '{AFFINE_RECORD}' with 'lambda' and 'delta' missing")
+        lam, delta = rec["lambda"].numpy(), rec["delta"].numpy()
+        d = delta.shape[0] if delta.ndim == 1 else -1
+        if lam.shape != (d, d) or (stored is not None and stored["delta"].shape != (d,)):
+            return self._reject(nid, "bad-arrays", f"shift of shapes Λ {lam.shape}, δ {delta.shape} does not fit "
+                                                   f"the partition's d")
+        if not (np.isfinite(lam).all() and np.isfinite(delta).all()):
+            return self._reject(nid, "nonfinite", "the shift (Λ_i, δ_i) holds NaN/Inf")
+        got = metrics_of(reply).get(AFFINE_ROUNDS)
+        if not isinstance(got, int | float) or int(got) != rounds + 1:
+            return self._reject(nid, "stale-shift", f"affine-rounds {got} in the reply, expected {rounds + 1}: the "
+                                                    f"node trained from another shift than partition {pid}'s")
+        self.state["shifts"][pid] = {"lambda": np.array(lam, dtype=np.float32), "delta": np.array(delta, np.float32),
+                                     "rounds": rounds + 1}
+        return True
+
+    def _reject(self, node_id: int, kind: str, reason: str) -> bool:
+        """Count a reply that passed the communicator's checks but not the shift's as a train failure."""
+        f = Failure(self.comm.round, "train", node_id, self.partition(node_id), kind, reason)
+        self.comm.failures.append(f)
+        self.comm.valid_replies["train"] -= 1
+        log(WARNING, "[%s] round %d train: dropped node %d (partition %s): %s: %s", self.run_name, f.round,
+            node_id, f.partition_id, kind, reason)
+        return False
+
+
+# --------------------------------------------------------------------------- adversarial training
+@dataclass(frozen=True)
+class FGMSettings(Settings):
+    """Distributed FGM adversarial training: one ℓ₂ step of size ε per minibatch."""
+
+    adv_eps: float = setting(1.0, "ε, the ℓ₂ radius of the per-sample attack", ge=0)
+
+
+@dataclass(frozen=True)
+class PGDSettings(FGMSettings):
+    """Distributed PGD adversarial training: K projected ℓ₂ steps of size α per minibatch."""
+
+    pgd_steps: int = setting(10, "K, projected steps of the attack", ge=1)
+    pgd_step_size: float | None = setting(None, "α, the attack's step (unset: 2.5ε/K on the client)", gt=0)
 
 
 class AdversarialTraining(FairStrategy):
-    r"""Distributed FGM / PGD adversarial training: FedAvg over ℓ₂-adversarial local SGD.
+    r"""Distributed ℓ₂ adversarial training: FedAvg over local SGD on attacked minibatches.
 
     Each sampled node takes τ SGD steps on minibatches replaced by their per-sample ℓ₂
     attack of radius ε (FGM: x + ε∇ₓℓ/‖∇ₓℓ‖; PGD: K projected steps of size α); the
-    server averages the models weighted by ``num-examples``.
-
-    Parameters
-    ----------
-    kind : {"fgm", "pgd"}
-        The attack used in training (message type ``train.<kind>``).
-    adv_eps : float (default: 1.0)
-        ε ≥ 0, the ℓ₂ radius.
-    pgd_steps : int (default: 10)
-        K ≥ 1 (PGD only).
-    pgd_step_size : float, optional
-        α > 0 (PGD only; default 2.5ε/K on the client).
-    local_steps : int, optional
-        τ ≥ 1 (unset: the run config's ``local-steps``).
-    lr, batch_size : optional
-        Forwarded when set (else the client's run config).
-    **kwargs
-        :class:`~flowerdro.strategies.base.FairStrategy` settings.
+    server averages the models weighted by ``num-examples`` (the base's aggregation).
+    Subclasses fix the attack (:attr:`kind`).
     """
 
-    def __init__(
-        self,
-        kind: str,
-        *,
-        adv_eps: float = 1.0,
-        pgd_steps: int = 10,
-        pgd_step_size: float | None = None,
-        local_steps: int | None = None,
-        lr: float | None = None,
-        batch_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if kind not in ("fgm", "pgd"):
-            raise ValueError(f"kind: unknown adversarial training {kind!r}; allowed: fgm, pgd")
-        if not adv_eps >= 0:
-            raise ValueError(f"adv-eps: ε must be >= 0, got {adv_eps}")
-        if pgd_steps < 1:
-            raise ValueError(f"pgd-steps: must be >= 1, got {pgd_steps}")
-        _positive(pgd_step_size, "pgd-step-size")
-        _positive(lr, "lr")
-        if local_steps is not None and local_steps < 1:
-            raise ValueError(f"local-steps: τ must be >= 1, got {local_steps}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
-        self.name = f"fedavg-{kind}"
-        super().__init__(**kwargs)
-        self.kind = kind
-        self.adv_eps = float(adv_eps)
-        self.pgd_steps = int(pgd_steps)
-        self.pgd_step_size = pgd_step_size
-        self.local_steps = local_steps
-        self.lr = lr
-        self.batch_size = batch_size
+    #: The attack used in training (message type ``train.<kind>``).
+    kind: ClassVar[str] = ""
+    config: FGMSettings
 
-    def settings(self) -> dict[str, Any]:  # noqa: D102
-        out = super().settings()
-        out.update({"kind": self.kind, "adv_eps": self.adv_eps, "local_steps": self.local_steps, "lr": self.lr})
-        if self.kind == "pgd":
-            out.update({"pgd_steps": self.pgd_steps, "pgd_step_size": self.pgd_step_size})
-        return out
+    def attack_config(self) -> dict[str, Any]:
+        """The attack's keys of the training config."""
+        return {"adv-eps": self.config.adv_eps}
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send the model and ε (K, α) to a seeded sample of nodes (``train.fgm`` / ``train.pgd``)."""
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """Send the model, the training settings and the attack's to a seeded sample (``train.<kind>``)."""
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
-        config["server-round"] = server_round
-        config["adv-eps"] = self.adv_eps
-        if self.kind == "pgd":
-            config["pgd-steps"] = self.pgd_steps
-            if self.pgd_step_size is not None:
-                config["pgd-step-size"] = float(self.pgd_step_size)
-        if self.local_steps is not None:
-            config["local-steps"] = int(self.local_steps)
-            config.pop("local-epochs", None)
-        if self.lr is not None:
-            config["lr"] = float(self.lr)
-        if self.batch_size is not None:
-            config["batch-size"] = int(self.batch_size)
-        content = RecordDict({"arrays": arrays, "config": config})
+        cfg = self.train_config(config, server_round)
+        cfg.update(self.attack_config())
+        content = RecordDict({"arrays": arrays, "config": cfg})
         return self.build_messages(chosen, content, f"train.{self.kind}")
+
+
+class FedAvgFGM(AdversarialTraining):
+    """FedAvg over FGM adversarial training (the paper's distributed FGM baseline)."""
+
+    name: ClassVar[str] = "fedavg-fgm"
+    kind: ClassVar[str] = "fgm"
+    settings_class: ClassVar[type[Settings]] = FGMSettings
+
+
+class FedAvgPGD(AdversarialTraining):
+    """FedAvg over PGD adversarial training (the paper's distributed PGD baseline)."""
+
+    name: ClassVar[str] = "fedavg-pgd"
+    kind: ClassVar[str] = "pgd"
+    settings_class: ClassVar[type[Settings]] = PGDSettings
+    config: PGDSettings
+
+    def attack_config(self) -> dict[str, Any]:  # noqa: D102
+        out = {**super().attack_config(), "pgd-steps": self.config.pgd_steps}
+        if self.config.pgd_step_size is not None:
+            out["pgd-step-size"] = self.config.pgd_step_size
+        return out
+

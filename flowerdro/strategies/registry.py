@@ -20,7 +20,12 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
+from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
+from flowerdro.strategies.scaffold import SCAFFOLD
+from flowerdro.strategies.scaffpd import SCAFFPD
 
 #: Message types every flowerdro server sends, whatever the algorithm.
 COMMON_ROUTES = ("evaluate", "query.init")
@@ -40,6 +45,30 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvgBaseline, ("train",), summary="Flower's FedAvg"),
     "fedprox": Algorithm(FedProxBaseline, ("train",), summary="Flower's FedProx"),
     "qfedavg": Algorithm(QFedAvgBaseline, ("train",), summary="Flower's q-FedAvg"),
+    "drdsgd": Algorithm(DRDSGD, ("train.drdsgd",), fixed={"fraction_train": 1.0},
+                        summary="DR-DSGD: tilted local steps (h/μ) + Metropolis gossip"),
+    "dsgd": Algorithm(DSGD, ("train.dsgd",), fixed={"fraction_train": 1.0},
+                      summary="DSGD: plain local SGD steps + Metropolis gossip"),
+    "scaffpd": Algorithm(SCAFFPD, ("query.loss_grad", "train.scaffpd"), fixed={"local_epochs": 0.0},
+                         summary="SCAFF-PD: accelerated primal-dual with control variates"),
+    "scaffold": Algorithm(SCAFFOLD, ("train.scaffold",), fixed={"local_epochs": 0.0},
+                          summary="SCAFFOLD, option II"),
+    "fedrobust": Algorithm(FedRobust, ("train.fedrobust", "query.affine_state"),
+                           summary="FedRobust: local GDA against per-client affine shifts"),
+    "fedavg-fgm": Algorithm(FedAvgFGM, ("train.fgm",), summary="FedAvg over FGM adversarial training"),
+    "fedavg-pgd": Algorithm(FedAvgPGD, ("train.pgd",), summary="FedAvg over PGD adversarial training"),
+    "fedmgda+": Algorithm(FedMGDA, ("train.sgd", "query.loss"), fixed={"proximal_mu": 0.0},
+                          summary="FedMGDA+: min-norm step on normalised updates, ε-box around λ₀"),
+    "fedmgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"),
+                         fixed={"eps": None, "global_lr": 1.0, "lr_decay": 1.0, "proximal_mu": 0.0},
+                         summary="FedMGDA: MGDA on raw updates, no box, η = 1"),
+    "fedavg-n": Algorithm(FedMGDA, ("train.sgd", "query.loss"),
+                          fixed={"eps": 0.0, "lambda_init": "size", "proximal_mu": 0.0},
+                          summary="FedAvg on normalised updates (FedMGDA+ with ε = 0)"),
+    "fedavg-mgda": Algorithm(VanillaFedMGDA, ("train.sgd", "query.loss"), summary="FedAvg through the FedMGDA step",
+                             fixed={"eps": 0.0, "lambda_init": "size", "global_lr": 1.0, "lr_decay": 1.0,
+                                    "proximal_mu": 0.0}),
+    "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
 
 Factory = Callable[[Settings, dict[str, Any]], FairStrategy]
@@ -59,12 +88,9 @@ def register(name: str) -> Callable[[Factory], Factory]:
 #: Run-config keys of the algorithms still built by the factories below (until each has a
 #: settings class, these are the keys the factories read).
 _LEGACY_KEYS = frozenset("""
-adv-eps adv-lr affine-lambda affine-max-dim client-sampling clients-per-round cvar-alpha dual-lr
-dual-lr-decay dual-step-scale eps eval-model evaluate-model gamma global-lr grad-on gram-precision
-graph-p graph-radius graph-resample graph-rows graph-seed improvement-before lambda-floor lambda-init
-loss-on lr-decay lr-decay-every max-tilt-weight mu mu-x num-partitions objective on-failure
-output-model pgd-step-size pgd-steps primal-lr proximal-mu regularizer rho sample-with-replacement
-server-device server-lr snapshot step-rule theta tilt-log-cap topology track-improvement
+client-sampling clients-per-round dual-lr dual-lr-decay dual-step-scale evaluate-model
+lambda-floor lambda-init loss-on num-partitions output-model regularizer rho
+sample-with-replacement snapshot
 """.split())
 
 
@@ -107,7 +133,7 @@ def build_strategy(
     """
     if name not in ALGORITHMS and name not in _REGISTRY:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
-    read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
+    node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
     if name in ALGORITHMS:
         alg = ALGORITHMS[name]
         groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
@@ -120,64 +146,10 @@ def build_strategy(
         read_settings(TrainingSettings, run_config)
         strategy = _REGISTRY[name](Settings(run_config), common_kwargs(Settings(run_config), run_config,
                                                                       run_name or name))
+    strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
     return strategy
-
-
-def _drdsgd_kwargs(s: Settings) -> dict[str, Any]:
-    """Graph and local-step settings shared by DR-DSGD and DSGD (see flowerdro.strategies.drdsgd)."""
-    from flowerdro.strategies.drdsgd import EVAL_MODELS
-
-    topology = s.str("topology", "erdos_renyi")
-    return {
-        "topology": topology,
-        "p": s.float("graph-p", 0.3) if topology == "erdos_renyi" else None,
-        "radius": s.float("graph-radius", 0.5) if topology == "geometric" else None,
-        "rows": (s.int("graph-rows", 0, minimum=0) or None) if topology == "grid" else None,
-        "resample": s.bool("graph-resample", False),
-        "graph_seed": s.int("graph-seed", 0, minimum=0) if s.has("graph-seed") else None,
-        "num_nodes": s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        "local_steps": s.int("local-steps", 1, minimum=1),
-        "eval_model": s.str("eval-model", "own", choices=EVAL_MODELS),
-    }
-
-
-def _every_device(kw: dict[str, Any], name: str) -> dict[str, Any]:
-    """Decentralised SGD steps every device each iteration: full participation by definition.
-
-    A comparison shares one run config, so a ``fraction-train`` meant for the other
-    strategies is overridden here (with a warning) instead of failing the whole run;
-    constructing ``DRDSGD`` directly with a fraction below 1 is still an error.
-    """
-    from dataclasses import replace
-
-    loop = kw["loop"]
-    if loop.fraction_train != 1.0:
-        from logging import WARNING
-
-        from flwr.common import log
-
-        log(WARNING, "%s: fraction-train=%s ignored; every device steps every iteration", name, loop.fraction_train)
-    return {**kw, "loop": replace(loop, fraction_train=1.0)}
-
-
-@register("drdsgd")
-def _drdsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import DEFAULT_LOG_CAP, MIN_LOG_CAP, drdsgd
-
-    # max-tilt-weight M (cap h/mu at M, not in the paper) or tilt-log-cap c = log M; not both.
-    return drdsgd(mu=s.float("mu", 6.0, positive=True),
-                  log_cap=s.float("tilt-log-cap", DEFAULT_LOG_CAP, minimum=MIN_LOG_CAP),
-                  max_tilt_weight=s.float("max-tilt-weight", 1.0, positive=True) if s.has("max-tilt-weight") else None,
-                  **_drdsgd_kwargs(s), **_every_device(kw, "drdsgd"))
-
-
-@register("dsgd")
-def _dsgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.drdsgd import dsgd
-
-    return dsgd(**_drdsgd_kwargs(s), **_every_device(kw, "dsgd"))
 
 
 # ---------------------------------------------------------------- DRFA / DRFA-Prox / AFL
@@ -260,7 +232,7 @@ def _afl_full(s: Settings, kw: dict[str, Any]) -> FairStrategy:
     return DRFA(**args, **kw)
 
 
-# ---------------------------------------------------------------- SCAFF-PD / SCAFFOLD
+# ---------------------------------------------------------------- data sets
 def _is_regression(run_config: Mapping[str, Any]) -> bool:
     """Whether the run's data set has real-valued targets (its clients report a test loss only)."""
     from flowerdro.data.config import REGRESSION_DATASETS
@@ -269,168 +241,3 @@ def _is_regression(run_config: Mapping[str, Any]) -> bool:
     return dataset in REGRESSION_DATASETS
 
 
-@register("scaffpd")
-def _scaffpd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffpd import (
-        FAILURE_POLICIES,
-        GRAD_ON,
-        SCAFFPD,
-        SCAFFPD_OBJECTIVES,
-        STEP_RULES,
-    )
-
-    mu_default = s.float("weight-decay", 0.0, minimum=0.0)
-    strategy = SCAFFPD(
-        objective=s.str("objective", "chi2", choices=SCAFFPD_OBJECTIVES),
-        rho=s.float("rho", 0.1, minimum=0.0),
-        alpha=s.float("cvar-alpha", 0.5, positive=True, maximum=1.0),
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.01, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        step_rule=s.str("step-rule", "5.2", choices=STEP_RULES),
-        primal_lr=s.float("primal-lr", 1.0, positive=True) if s.has("primal-lr") else None,
-        dual_lr=s.float("dual-lr", 0.1, positive=True),
-        gamma=s.float("gamma", 1.0, positive=True) if s.has("gamma") else None,
-        theta=s.float("theta", 1.0, minimum=0.0) if s.has("theta") else None,
-        mu_x=s.float("mu-x", mu_default, minimum=0.0),
-        grad_on=s.str("grad-on", "full", choices=GRAD_ON),
-        on_failure=s.str("on-failure", "reuse", choices=FAILURE_POLICIES),
-        num_partitions=s.int("num-partitions", 1, minimum=1) if s.has("num-partitions") else None,
-        **kw,
-    )
-    return strategy
-
-
-@register("scaffold")
-def _scaffold(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.scaffold import SCAFFOLD
-
-    strategy = SCAFFOLD(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        lr=s.float("lr", 0.05, positive=True),
-        server_lr=s.float("server-lr", 1.0, positive=True),
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-    return strategy
-
-
-# ---------------------------------------------------------------- FedRobust and adversarial training
-@register("fedrobust")
-def _fedrobust(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import FedRobust
-
-    return FedRobust(
-        local_steps=s.int("local-steps", 10, minimum=1),
-        adv_lr=s.float("adv-lr", 0.01, positive=True),
-        affine_lambda=s.float("affine-lambda", 1.0, minimum=0.0),
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        affine_max_dim=s.int("affine-max-dim", 3072, minimum=1) if s.has("affine-max-dim") else None,
-        **kw,
-    )
-
-
-def _adversarial(kind: str, s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedrobust import AdversarialTraining
-
-    return AdversarialTraining(
-        kind,
-        adv_eps=s.float("adv-eps", 1.0, minimum=0.0),
-        pgd_steps=s.int("pgd-steps", 10, minimum=1),
-        pgd_step_size=s.float("pgd-step-size", 0.1, positive=True) if s.has("pgd-step-size") else None,
-        local_steps=s.int("local-steps", 10, minimum=1) if s.has("local-steps") else None,
-        lr=s.float("lr", 0.05, positive=True) if s.has("lr") else None,
-        batch_size=s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        **kw,
-    )
-
-
-@register("fedavg-fgm")
-def _fedavg_fgm(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("fgm", s, kw)
-
-
-@register("fedavg-pgd")
-def _fedavg_pgd(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    return _adversarial("pgd", s, kw)
-
-
-# ---------------------------------------------------------------- FedMGDA+ / FedMGDA / FedAvg-n / MGDA-Prox
-def _fedmgda_kwargs(s: Settings, *, eps: float | None, normalize: bool, lambda_init: str,
-                    proximal_mu: float = 0.0) -> dict[str, Any]:
-    """FedMGDA+-family settings from the run config (keys documented in flowerdro.strategies.fedmgda)."""
-    from flowerdro.strategies.fedmgda import (
-        DEVICES,
-        GRAM_PRECISIONS,
-        IMPROVEMENT_BEFORE,
-        LAMBDA_INITS,
-    )
-
-    return {
-        "eps": s.float("eps", eps, minimum=0.0, maximum=1.0) if eps is not None else None,
-        # Normalising is what tells the variants apart, so it is fixed by the name, never
-        # read from the (shared) run config.
-        "normalize": normalize,
-        "global_lr": s.float("global-lr", 1.0, positive=True),
-        "lr_decay": s.float("lr-decay", 1.0, positive=True, maximum=1.0),
-        "lr_decay_every": s.int("lr-decay-every", 100, minimum=1),
-        "lambda_init": s.str("lambda-init", lambda_init, choices=LAMBDA_INITS),
-        "proximal_mu": s.float("proximal-mu", proximal_mu, minimum=0.0) if proximal_mu > 0 else 0.0,
-        "local_epochs": s.float("local-epochs", 1.0, positive=True)
-        if s.has("local-epochs") and float(s.raw("local-epochs")) > 0 else None,
-        "local_steps": s.int("local-steps", 1, minimum=1) if s.has("local-steps") else None,
-        "lr": s.float("lr", 0.01, positive=True) if s.has("lr") else None,
-        "batch_size": s.int("batch-size", 32, minimum=1) if s.has("batch-size") else None,
-        "track_improvement": s.bool("track-improvement", False),
-        "improvement_before": s.str("improvement-before", "train-loss", choices=IMPROVEMENT_BEFORE),
-        "gram_precision": s.str("gram-precision", "auto", choices=GRAM_PRECISIONS),
-        "server_device": s.str("server-device", "auto", choices=DEVICES),
-    }
-
-
-@register("fedmgda+")
-def _fedmgda_plus(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform"), name="fedmgda+", **kw)
-
-
-@register("fedmgda")
-def _fedmgda_vanilla(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # Vanilla MGDA in FL: raw updates, no ε-box, and w_{t+1} = Σ λ*_i w_i (η = 1, no decay),
-    # whatever global-lr / lr-decay the shared run config holds for FedMGDA+.
-    args = {**_fedmgda_kwargs(s, eps=None, normalize=False, lambda_init="uniform"), "global_lr": 1.0, "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedmgda", **kw)
-
-
-@register("fedavg-n")
-def _fedavg_n(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    args = _fedmgda_kwargs(s, eps=0.0, normalize=True, lambda_init="size")
-    args["eps"] = 0.0  # FedAvg-n is ε = 0 by definition
-    return FedMGDA(**args, name="fedavg-n", **kw)
-
-
-@register("fedavg-mgda")
-def _fedavg_mgda(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    # FedAvg as the ε = 0 member of the family without normalisation: λ* = λ₀ ∝ n_i and
-    # w_{t+1} = w_t − Σ λ₀_i (w_t − w_i) = Σ λ₀_i w_i, the FedAvg step, whatever global-lr /
-    # lr-decay / eps the shared run config holds; it exists so that FedAvg gets the family's
-    # options (track-improvement above all), which Flower's FedAvg ("fedavg") does not have.
-    args = {**_fedmgda_kwargs(s, eps=0.0, normalize=False, lambda_init="size"), "eps": 0.0, "global_lr": 1.0,
-            "lr_decay": 1.0}
-    return FedMGDA(**args, name="fedavg-mgda", **kw)
-
-
-@register("mgda-prox")
-def _mgda_prox(s: Settings, kw: dict[str, Any]) -> FairStrategy:
-    from flowerdro.strategies.fedmgda import FedMGDA
-
-    return FedMGDA(**_fedmgda_kwargs(s, eps=0.1, normalize=True, lambda_init="uniform", proximal_mu=0.1),
-                   name="mgda-prox", **kw)

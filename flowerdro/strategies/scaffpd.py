@@ -2,113 +2,80 @@ r"""SCAFF-PD as a Flower Message-API strategy.
 
 Y. Yu, S. P. Karimireddy, Y. Ma, M. I. Jordan, "Scaff-PD: Communication Efficient Fair
 and Robust Federated Learning", 2023, https://arxiv.org/abs/2307.13381 (Algorithm 1:
-accelerated primal-dual server loop; Algorithm 2: bias-corrected local steps).
-
-Problem, over N clients with losses f_i and weights λ ∈ Λ:
-
-.. math::
-
-    \min_x \max_{\lambda \in \Lambda}\ \sum_i \lambda_i f_i(x) - \psi(\lambda),
-
-with (``objective``) ``"chi2"``: ψ(λ) = (ρ/2N) Σ_i (Nλ_i − 1)², Λ = Δ_N; ``"afl"``: ψ = 0,
-Λ = Δ_N (χ² with ρ = 0); ``"cvar"``: ψ = 0, Λ = {λ ∈ Δ_N : λ_i ≤ 1/(αN)}.
+accelerated primal-dual server loop; Algorithm 2: bias-corrected local steps). The
+server's steps are the pure functions of :mod:`flowerdro.core.scaffpd`; this module sends
+the messages and keeps the state between rounds.
 
 One round r (paper symbols; the code's names in brackets), full participation:
 
 1. ``query.loss_grad`` to every client at x^r: L_i = f_i(x^r) and c_i = g_i(x^r) (full-batch
-   or one minibatch [``grad_on``]); the client keeps c_i.
+   or one minibatch [``grad_on``]); the client keeps c_i until phase 2.
 2. s^r = (1 + θ_r) L^r − θ_r L^{r−1} (L^{−1} = L^0) and the exact proximal dual step
-   λ^{r+1} = argmin_{λ∈Λ} ψ(λ) − ⟨s^r, λ⟩ + (1/2σ_r)‖λ − λ^r‖²
-   (:func:`flowerdro.core.dual.scaffpd_extrapolate`, :func:`~flowerdro.core.dual.scaffpd_dual_step`);
-   c^r = Σ_i λ_i^{r+1} c_i.
+   λ^{r+1} = argmin_{λ∈Λ} ψ(λ) − ⟨s^r, λ⟩ + (1/2σ_r)‖λ − λ^r‖²; c^r = Σ_i λ_i^{r+1} c_i.
 3. ``train.scaffpd`` with x^r and c^r: J [``local_steps``] steps
    u ← u − η_l (g_i(u) − c_i + c^r) [``lr``]; the client returns u_J and the server forms
    Δu_i = (x^r − u_J)/(η_l J).
 4. x^{r+1} = x^r − τ_r Σ_i λ_i^{r+1} Δu_i.
 
-Step sizes (τ_r [``primal_lr``], σ_r [``dual_lr``], θ_r [``theta``]), chosen by
-``step_rule``:
-
-* ``"5.2"`` (Condition 5.2, constant): τ_r = τ, σ_r = σ, θ_r = θ. Default
-  θ = max(1/(1 + μ_x τ), 1/(1 + μ_y σ)) when μ_x > 0 and μ_y > 0 (the linear rate of
-  accelerated primal-dual for strongly-convex–strongly-concave problems), else θ = 1;
-  μ_y = ρN is the strong convexity of ψ (χ²), 0 for AFL and CVaR.
-* ``"5.1"`` (Condition 5.1, strongly-convex–concave): from τ_0 and γ_0 [``gamma``],
-  σ_r = γ_r τ_r, θ_r = σ_{r−1}/σ_r (θ_0 unused), γ_{r+1} = γ_r (1 + μ_x τ_r) and
-  τ_{r+1} = τ_r √(γ_r/γ_{r+1}) (so σ_r τ_r = γ_0 τ_0² stays constant; Chambolle & Pock
-  2011, Alg. 2; Hamedani & Aybat 2021). With μ_x = 0 it is rule 5.2 with θ = 1.
-
-What the user gives, and the defaults: μ_x [``mu_x``] (0; the strong convexity of every
-f_i, e.g. the weight decay), η_l [``lr``] (0.01) and J [``local_steps``] (10), the client
-step and number of local steps; τ_0 [``primal_lr``] (default η_l·J, i.e. the server
-applies the λ-weighted average of the local models, x^{r+1} = Σ_i λ_i^{r+1} u_J^i);
-σ_0 [``dual_lr``] (0.1) or, for rule 5.1, γ_0 [``gamma``] (default σ_0/τ_0). For the
-usual primal-dual stability τσ‖∇L‖² ≲ 1 (‖∇L‖ the Lipschitz constant of x ↦ L(x)),
-lower σ when λ oscillates.
+Step sizes (τ_r [``primal_lr``], σ_r [``dual_lr``], θ_r [``theta``]) by ``step_rule``:
+``"5.2"`` (Condition 5.2): constant, θ from :func:`~flowerdro.core.scaffpd.auto_theta`
+unless given (μ_y = ρN for χ², 0 for AFL and CVaR); ``"5.1"`` (Condition 5.1): from τ_0
+and γ_0 [``gamma``], σ_r = γ_r τ_r and :func:`~flowerdro.core.scaffpd.next_steps` each
+round. τ_0 defaults to η_l·J (x^{r+1} = Σ_i λ_i^{r+1} u_J^i), γ_0 to σ_0/τ_0, μ_x to the
+clients' weight decay. For the usual primal-dual stability τσ‖∇L‖² ≲ 1, lower σ when λ
+oscillates.
 
 Failures (``on_failure``)
 -------------------------
-The strategy keeps every client's last (L_i, c_i). Let K be the clients whose loss is
+The server keeps every client's last (L_i, c_i). Let K be the clients whose loss is
 known this round:
 
 * ``"reuse"`` (default): a client that fails phase 1 keeps its last L_i and c_i (stale,
   as in SAG), so K is every client heard from at least once. It is not sent
   ``train.scaffpd`` (it holds no c_i of this round). A client of K with no valid phase-2
-  reply (failed in phase 1 or in phase 2) gets Δu_i := c^r, the first-order value of its
-  corrected local update (u_t ≈ x^r ⇒ g_i(u_t) − c_i + c^r ≈ c^r). At a saddle point
-  c^r = 0 and every Δu_i = 0, so x* stays a fixed point: with deterministic gradients
-  SCAFF-PD still converges to the exact saddle point when some client always fails
-  phase 2.
+  reply gets Δu_i := c^r, the first-order value of its corrected local update
+  (u_t ≈ x^r ⇒ g_i(u_t) − c_i + c^r ≈ c^r). At a saddle point c^r = 0 and every Δu_i = 0,
+  so x* stays a fixed point even when some client always fails phase 2.
 * ``"exclude"``: K is the clients that answered phase 1 this round, and only the clients
   that answered phase 2 enter step 4, with λ renormalised over them.
 
-When K is not every client, the dual step runs on the sub-vector: with M = Σ_{i∈K} λ_i^r,
-λ_K^{r+1} = M · step(λ_K^r/M, s_K) (ψ, Λ taken over the |K| clients), the other λ_i stay;
-c^r and step 4 use λ^{r+1} renormalised over K (resp. over the phase-2 answers). A client
-never heard from is outside K. If K is empty, or (``"exclude"``) no phase-2 reply is valid,
-the model is kept (with ``"exclude"`` the λ step of phase 1 still happens).
+When K is not every client the dual step runs on the sub-vector
+(:func:`~flowerdro.core.scaffpd.dual_step_on`); c^r and step 4 use λ^{r+1} renormalised
+over K (resp. over the phase-2 answers). A client never heard from is outside K. If K is
+empty, or (``"exclude"``) no phase-2 reply is valid, the model is kept (with
+``"exclude"`` the λ step of phase 1 still happens).
 
 Message protocol
 ----------------
 ``query.loss_grad`` — content ``arrays`` (x^r), ``config``: ``grad-on``, ``batch-size``,
-``seed``, ``server-round`` (+ the run's client keys such as ``weight-decay``). Reply:
+``seed``, ``server-round`` (+ the clients' settings such as ``weight-decay``). Reply:
 ``metrics`` {``loss``, ``num-examples``, ``partition-id``}, ArrayRecord ``grad`` (c_i).
 ``train.scaffpd`` — content ``arrays`` (x^r), ``control`` (c^r), ``config``: ``lr``,
 ``local-steps``, ``batch-size``, ``seed``, ``server-round``. Reply: ``arrays`` (u_J),
 ``metrics`` {``num-examples``, ``partition-id``, ``train_loss_local``, ``local-steps``}.
-See :mod:`flowerdro.clients.scaffpd`.
-
-Run-config keys (factory ``"scaffpd"``)
----------------------------------------
-``objective`` (chi2), ``rho`` ρ (0.1), ``cvar-alpha`` α (0.5), ``local-steps`` J (10),
-``lr`` η_l (0.01), ``batch-size`` (clients' default when unset), ``step-rule`` (5.2),
-``primal-lr`` τ_0 (η_l·J), ``dual-lr`` σ_0 (0.1), ``gamma`` γ_0 (σ_0/τ_0), ``theta`` θ
-(auto), ``mu-x`` μ_x (``weight-decay``, else 0), ``grad-on`` (full), ``on-failure``
-(reuse), ``num-partitions`` N, ``eval-metric`` (``test_loss`` for a regression data set,
-else ``test_acc``).
+See :mod:`flowerdro.clients.scaffpd`; the run-config keys are those of
+:class:`SCAFFPDSettings` and the clients' ``lr``, ``local-steps``, ``batch-size``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flowerdro.core.dual import SCAFFPD_OBJECTIVES, scaffpd_dual_step, scaffpd_extrapolate
+from flowerdro.core import scaffpd as core
 from flowerdro.core.simplex import admit_partitions
-from flowerdro.strategies.base import (
-    PARTITION_ID,
-    FairStrategy,
-    _mean_metrics,
-    arrays_to_numpy,
-    numpy_to_arrays,
-)
+from flowerdro.settings import Settings, setting
+from flowerdro.strategies.base import PARTITION_ID, FairStrategy, arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.messaging import metrics_of
+from flowerdro.strategies.records import mean_of_metric_records
+
+__all__ = ["SCAFFPD", "SCAFFPDSettings", "SCAFFPDState"]
 
 QUERY_TYPE, TRAIN_TYPE = "query.loss_grad", "train.scaffpd"
 STEP_RULES: tuple[str, ...] = ("5.1", "5.2")
@@ -116,57 +83,27 @@ GRAD_ON: tuple[str, ...] = ("full", "batch")
 FAILURE_POLICIES: tuple[str, ...] = ("reuse", "exclude")
 
 
-def _metrics_of(reply: Message) -> Any:
-    return reply.content.metric_records.get("metrics") or next(iter(reply.content.metric_records.values()))
+@dataclass(frozen=True)
+class SCAFFPDSettings(Settings):
+    """SCAFF-PD (Yu, Karimireddy, Ma, Jordan 2023); local steps J and η_l are the clients' settings."""
 
-
-def _finite(x: Any) -> bool:
-    if isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass
-class StepSizes:
-    r"""The step-size schedule of SCAFF-PD (Conditions 5.1 and 5.2).
-
-    Attributes
-    ----------
-    rule : {"5.1", "5.2"}
-        Which condition.
-    tau, sigma, theta : float
-        τ_r, σ_r, θ_r of the current round.
-    gamma : float
-        γ_r (rule 5.1; σ_r = γ_r τ_r).
-    mu_x : float
-        μ_x ≥ 0.
-    """
-
-    rule: str
-    tau: float
-    sigma: float
-    theta: float
-    gamma: float
-    mu_x: float
-    round: int = 0
-
-    def advance(self) -> None:
-        r"""Move to round r + 1.
-
-        Rule 5.1: γ_{r+1} = γ_r(1 + μ_x τ_r), τ_{r+1} = τ_r √(γ_r/γ_{r+1}),
-        σ_{r+1} = γ_{r+1} τ_{r+1}, θ_{r+1} = σ_r/σ_{r+1}. Rule 5.2: unchanged.
-        """
-        self.round += 1
-        if self.rule != "5.1":
-            return
-        gamma_next = self.gamma * (1.0 + self.mu_x * self.tau)
-        tau_next = self.tau * math.sqrt(self.gamma / gamma_next)
-        sigma_next = gamma_next * tau_next
-        self.theta = self.sigma / sigma_next
-        self.gamma, self.tau, self.sigma = gamma_next, tau_next, sigma_next
+    objective: str = setting("chi2", "ψ and Λ: χ² penalty (ρ/2N)Σ(Nλ_i−1)², AFL (ψ = 0) or CVaR "
+                                     "(λ_i ≤ 1/(αN))", choices=core.OBJECTIVES)
+    rho: float = setting(0.1, "ρ of the χ² penalty", ge=0)
+    alpha: float = setting(0.5, "α of CVaR, λ_i ≤ 1/(αN)", key="cvar-alpha", gt=0, le=1)
+    step_rule: str = setting("5.2", "step sizes: constant (Cond. 5.2) or τ_r ↓, σ_r ↑ (Cond. 5.1)",
+                             choices=STEP_RULES)
+    primal_lr: float | None = setting(None, "τ_0, the server's primal step (unset: lr · local-steps)", gt=0)
+    dual_lr: float = setting(0.1, "σ_0, the dual step", gt=0)
+    gamma: float | None = setting(None, "γ_0 of rule 5.1, σ_r = γ_r τ_r (unset: dual-lr / primal-lr)", gt=0)
+    theta: float | None = setting(None, "θ of rule 5.2, s^r = (1+θ)L^r − θL^{r−1} (unset: "
+                                        "max(1/(1+μ_xτ), 1/(1+μ_yσ)) when μ_x, μ_y > 0, else 1)", ge=0)
+    mu_x: float | None = setting(None, "μ_x, the strong convexity of every f_i (unset: weight-decay)", ge=0)
+    grad_on: str = setting("full", "c_i on all local data or one minibatch", choices=GRAD_ON)
+    on_failure: str = setting("reuse", "a failed client: reuse its last loss and c_i, or exclude it",
+                              choices=FAILURE_POLICIES)
+    num_partitions: int | None = setting(None, "N when known: λ starts uniform over partitions 0..N−1 "
+                                               "(unset: over those heard in round 1)", ge=1)
 
 
 @dataclass
@@ -180,161 +117,68 @@ class SCAFFPDState:
     lam : numpy.ndarray
         λ^r over ``partitions``.
     loss_prev : dict
-        Partition id → L_i^{r−1} (the loss vector of the previous round, for s^r).
+        Partition id → L_i^{r−1} (the losses of the previous round, for s^r).
     memory : dict
         Partition id → (L_i, c_i) of the last round the client answered phase 1.
+    steps : tuple of float, optional
+        (τ_r, σ_r, γ_r, θ_r) of the coming round (None before the first).
     """
 
     partitions: list[int] = field(default_factory=list)
     lam: np.ndarray = field(default_factory=lambda: np.zeros(0))
     loss_prev: dict[int, float] = field(default_factory=dict)
     memory: dict[int, tuple[float, list[np.ndarray]]] = field(default_factory=dict)
+    steps: tuple[float, float, float, float] | None = None
 
 
 class SCAFFPD(FairStrategy):
-    r"""SCAFF-PD (Yu, Karimireddy, Ma, Jordan 2023): accelerated primal-dual with control variates.
+    r"""SCAFF-PD: accelerated primal-dual with control variates (see the module docstring).
 
     Per round: L_i, c_i at x^r (``query.loss_grad``); s^r = (1+θ_r)L^r − θ_r L^{r−1};
     λ^{r+1} = prox_{σ_r ψ}(λ^r + σ_r s^r) on Λ; c^r = Σλ_i^{r+1} c_i; J local steps
-    u ← u − η_l(g_i(u) − c_i + c^r) (``train.scaffpd``); x^{r+1} = x^r − τ_r Σλ_i^{r+1} Δu_i,
-    Δu_i = (x^r − u_J^i)/(η_l J). See the module docstring for step sizes, failures and
-    the protocol.
-
-    Parameters
-    ----------
-    objective : {"chi2", "afl", "cvar"} (default: "chi2")
-        ψ and Λ.
-    rho : float (default: 0.1)
-        ρ ≥ 0 of the χ² penalty.
-    alpha : float (default: 0.5)
-        CVaR level α ∈ (0, 1] (checked for every objective, used by ``"cvar"``).
-    local_steps : int (default: 10)
-        J ≥ 1.
-    lr : float (default: 0.01)
-        η_l > 0, the clients' local step.
-    batch_size : int, optional
-        Minibatch size of the local steps and of ``grad_on="batch"`` (unset: the clients'
-        config). A size ≥ m_i gives full-batch (deterministic) local steps.
-    step_rule : {"5.1", "5.2"} (default: "5.2")
-        Step-size rule (see the module docstring).
-    primal_lr : float, optional
-        τ_0 > 0 (default η_l·J).
-    dual_lr : float (default: 0.1)
-        σ_0 > 0.
-    gamma : float, optional
-        γ_0 > 0 of rule 5.1 (default σ_0/τ_0).
-    theta : float, optional
-        θ ≥ 0 of rule 5.2 (default: see the module docstring).
-    mu_x : float (default: 0.0)
-        μ_x ≥ 0, strong convexity of the f_i.
-    grad_on : {"full", "batch"} (default: "full")
-        c_i on all local data or one minibatch.
-    on_failure : {"reuse", "exclude"} (default: "reuse")
-        Failure policy.
-    num_partitions : int, optional
-        N when known (λ starts uniform over 0..N−1; else over the partitions of round 1).
-    **kwargs
-        Passed to :class:`~flowerdro.strategies.base.FairStrategy`.
+    u ← u − η_l(g_i(u) − c_i + c^r) (``train.scaffpd``); x^{r+1} = x^r − τ_r Σλ_i^{r+1} Δu_i.
+    Built like every :class:`~flowerdro.strategies.base.FairStrategy`, e.g.
+    ``SCAFFPD(objective="cvar", alpha=0.2, lr=0.05, local_steps=5)``.
     """
 
-    name = "scaffpd"
+    name: ClassVar[str] = "scaffpd"
+    settings_class: ClassVar[type[Settings]] = SCAFFPDSettings
 
-    def __init__(
-        self,
-        *,
-        objective: str = "chi2",
-        rho: float = 0.1,
-        alpha: float = 0.5,
-        local_steps: int = 10,
-        lr: float = 0.01,
-        batch_size: int | None = None,
-        step_rule: str = "5.2",
-        primal_lr: float | None = None,
-        dual_lr: float = 0.1,
-        gamma: float | None = None,
-        theta: float | None = None,
-        mu_x: float = 0.0,
-        grad_on: str = "full",
-        on_failure: str = "reuse",
-        num_partitions: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        kwargs.setdefault("run_name", self.name)
-        super().__init__(**kwargs)
-        if objective not in SCAFFPD_OBJECTIVES:
-            raise ValueError(f"objective: unknown objective {objective!r}; allowed: {', '.join(SCAFFPD_OBJECTIVES)}")
-        if not _finite(rho) or rho < 0:
-            raise ValueError(f"rho: ρ must be a finite number >= 0, got {rho!r}")
-        if not _finite(alpha) or not 0.0 < alpha <= 1.0:
-            raise ValueError(f"cvar-alpha: α must be in (0, 1], got {alpha!r}")
-        if isinstance(local_steps, bool) or not _finite(local_steps) or int(local_steps) != local_steps \
-                or local_steps < 1:
-            raise ValueError(f"local-steps: J must be an integer >= 1, got {local_steps!r}")
-        for value, key, sym in ((lr, "lr", "η_l"), (dual_lr, "dual-lr", "σ")):
-            if not _finite(value) or value <= 0:
-                raise ValueError(f"{key}: {sym} must be a finite number > 0, got {value!r}")
-        for value, key, sym in ((primal_lr, "primal-lr", "τ"), (gamma, "gamma", "γ_0")):
-            if value is not None and (not _finite(value) or value <= 0):
-                raise ValueError(f"{key}: {sym} must be a finite number > 0, got {value!r}")
-        if theta is not None and (not _finite(theta) or theta < 0):
-            raise ValueError(f"theta: θ must be a finite number >= 0, got {theta!r}")
-        if not _finite(mu_x) or mu_x < 0:
-            raise ValueError(f"mu-x: μ_x must be a finite number >= 0, got {mu_x!r}")
-        if batch_size is not None and (not _finite(batch_size) or int(batch_size) != batch_size or batch_size < 1):
-            raise ValueError(f"batch-size: must be an integer >= 1, got {batch_size!r}")
-        if step_rule not in STEP_RULES:
-            raise ValueError(f"step-rule: unknown rule {step_rule!r}; allowed: {', '.join(STEP_RULES)}")
-        if grad_on not in GRAD_ON:
-            raise ValueError(f"grad-on: unknown value {grad_on!r}; allowed: {', '.join(GRAD_ON)}")
-        if on_failure not in FAILURE_POLICIES:
-            raise ValueError(f"on-failure: unknown policy {on_failure!r}; allowed: {', '.join(FAILURE_POLICIES)}")
-        if num_partitions is not None and (not _finite(num_partitions) or int(num_partitions) != num_partitions
-                                           or num_partitions < 1):
-            raise ValueError(f"num-partitions: N must be an integer >= 1, got {num_partitions!r}")
-        self.objective = objective
-        self.rho = float(rho)
-        self.alpha = float(alpha)
-        self.local_steps = int(local_steps)
-        self.lr = float(lr)
-        self.batch_size = None if batch_size is None else int(batch_size)
-        self.step_rule = step_rule
-        self.primal_lr = float(primal_lr) if primal_lr is not None else self.lr * self.local_steps
-        self.dual_lr = float(dual_lr)
-        self.gamma = float(gamma) if gamma is not None else self.dual_lr / self.primal_lr
-        self.theta = None if theta is None else float(theta)
-        self.mu_x = float(mu_x)
-        self.grad_on = grad_on
-        self.on_failure = on_failure
-        self.num_partitions = None if num_partitions is None else int(num_partitions)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.state = SCAFFPDState()
-        self.steps: StepSizes | None = None
         self._extras: dict[str, Any] = {}
 
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+        """A new run starts from uniform λ and the initial step sizes."""
+        self.state = SCAFFPDState()
+
     # ------------------------------------------------------------------ settings
-    def settings(self) -> dict[str, Any]:  # noqa: D102
-        out = super().settings()
-        out.update({
-            "objective": self.objective, "rho": self.rho, "alpha": self.alpha, "local_steps": self.local_steps,
-            "lr": self.lr, "batch_size": self.batch_size, "step_rule": self.step_rule,
-            "primal_lr": self.primal_lr, "dual_lr": self.dual_lr, "gamma": self.gamma, "theta": self.theta,
-            "mu_x": self.mu_x, "grad_on": self.grad_on, "on_failure": self.on_failure,
-            "num_partitions": self.num_partitions, "eval_metric": self.eval_metric,
-        })
-        return out
+    @property
+    def primal_lr(self) -> float:
+        """τ_0: ``primal-lr``, else η_l·J."""
+        c = self.config
+        return c.primal_lr if c.primal_lr is not None else self.training.lr * self.training.local_steps
 
-    def mu_y(self, n: int) -> float:
-        """Strong convexity of ψ on the simplex: ρN for χ², 0 for AFL and CVaR."""
-        return self.rho * n if self.objective == "chi2" else 0.0
+    @property
+    def mu_x(self) -> float:
+        """μ_x: ``mu-x``, else the clients' weight decay."""
+        return self.config.mu_x if self.config.mu_x is not None else self.training.weight_decay
 
-    def _init_steps(self, n: int) -> StepSizes:
-        if self.step_rule == "5.1":
-            return StepSizes("5.1", self.primal_lr, self.gamma * self.primal_lr, 1.0, self.gamma, self.mu_x)
-        theta = self.theta
-        if theta is None:
-            mu_y = self.mu_y(n)
-            theta = (max(1.0 / (1.0 + self.mu_x * self.primal_lr), 1.0 / (1.0 + mu_y * self.dual_lr))
-                     if self.mu_x > 0 and mu_y > 0 else 1.0)
-        return StepSizes("5.2", self.primal_lr, self.dual_lr, theta, self.dual_lr / self.primal_lr, self.mu_x)
+    def _initial_steps(self, n: int) -> tuple[float, float, float, float]:
+        """(τ_0, σ_0, γ_0, θ_0) for N = ``n`` clients."""
+        c, tau = self.config, self.primal_lr
+        gamma = c.gamma if c.gamma is not None else c.dual_lr / tau
+        if c.step_rule == "5.1":
+            return tau, gamma * tau, gamma, 1.0
+        mu_y = c.rho * n if c.objective == "chi2" else 0.0
+        theta = c.theta if c.theta is not None else core.auto_theta(self.mu_x, mu_y, tau, c.dual_lr)
+        return tau, c.dual_lr, c.dual_lr / tau, theta
+
+    def _advance_steps(self) -> None:
+        if self.config.step_rule == "5.1" and self.state.steps is not None:
+            tau, sigma, gamma, _ = self.state.steps
+            self.state.steps = core.next_steps(tau, sigma, gamma, self.mu_x)
 
     # ------------------------------------------------------------------ λ bookkeeping
     @property
@@ -345,8 +189,8 @@ class SCAFFPD(FairStrategy):
     def _sync_partitions(self, heard: set[int]) -> None:
         st = self.state
         if not st.partitions:
-            pids = set(range(self.num_partitions)) if self.num_partitions is not None else set()
-            pids |= heard
+            n = self.config.num_partitions
+            pids = (set(range(n)) if n is not None else set()) | heard
             if pids:
                 st.partitions = sorted(pids)
                 st.lam = np.full(len(pids), 1.0 / len(pids))
@@ -354,27 +198,42 @@ class SCAFFPD(FairStrategy):
             return
         st.partitions, st.lam = admit_partitions(st.partitions, st.lam, heard - set(st.partitions))
 
-    # ------------------------------------------------------------------ configs
     def _config(self, config: ConfigRecord, server_round: int, *, train: bool) -> ConfigRecord:
-        cfg = ConfigRecord(dict(config))
-        cfg["server-round"] = server_round
-        if "seed" not in cfg:
-            cfg["seed"] = self.seed
-        if self.batch_size is not None:
-            cfg["batch-size"] = self.batch_size
-        if train:
-            cfg["lr"] = self.lr
-            cfg["local-steps"] = self.local_steps
-            if "local-epochs" in cfg:
-                cfg["local-epochs"] = 0.0  # J must be exact
+        cfg = self.train_config(config, server_round)
+        if train:  # Δu_i divides by η_l J: the clients must use exactly these
+            cfg.update({"lr": self.training.lr, "local-steps": self.training.local_steps, "local-epochs": 0.0})
         else:
-            cfg["grad-on"] = self.grad_on
+            cfg["grad-on"] = self.config.grad_on
         return cfg
 
     # ------------------------------------------------------------------ one round
-    def dual_update(self, lam: np.ndarray, s: np.ndarray, sigma: float) -> np.ndarray:
-        """λ^{r+1} = argmin_{λ∈Λ} ψ(λ) − ⟨s, λ⟩ + (1/2σ)‖λ − λ^r‖² (one exact prox step)."""
-        return scaffpd_dual_step(lam, s, sigma, self.objective, rho=self.rho, alpha=self.alpha)
+    def _query(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+               ) -> tuple[dict[int, int], set[int]]:
+        """Phase 1: L_i and c_i at x^r; returns partition → node and the partitions that answered."""
+        content = RecordDict({"arrays": arrays, "config": self._config(config, server_round, train=False)})
+        replies = self.communicate(grid, self.build_messages(self.nodes(grid), content, QUERY_TYPE),
+                                   phase="query", reference=arrays, array_keys=("grad",),
+                                   required_metrics=("loss",))
+        node_of: dict[int, int] = {}
+        for r in replies:
+            pid = int(metrics_of(r)[PARTITION_ID])
+            node_of[pid] = int(r.metadata.src_node_id)
+            self.state.memory[pid] = (float(metrics_of(r)["loss"]),
+                                      [g.astype(np.float64) for g in arrays_to_numpy(r.content["grad"])])
+        return node_of, set(node_of)
+
+    def _dual(self, active: list[int]) -> tuple[dict[int, float], np.ndarray]:
+        """s^r and λ^{r+1} over the active clients; returns their renormalised weights and s^r."""
+        st, c = self.state, self.config
+        tau, sigma, _, theta = st.steps
+        index = {p: k for k, p in enumerate(st.partitions)}
+        loss_now = np.array([st.memory[p][0] for p in active])
+        loss_prev = np.array([st.loss_prev.get(p, st.memory[p][0]) for p in active])
+        s = core.extrapolate(loss_now, loss_prev, theta)
+        st.lam, weights = core.dual_step_on(st.lam, [index[p] for p in active], s, sigma, c.objective,
+                                            rho=c.rho, alpha=c.alpha)
+        st.loss_prev = {p: st.memory[p][0] for p in active}
+        return dict(zip(active, weights, strict=True)), s
 
     def train_round(
         self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
@@ -382,97 +241,64 @@ class SCAFFPD(FairStrategy):
         """One SCAFF-PD round: loss/gradient query, dual step, corrected local steps, primal step."""
         st = self.state
         self._extras = {}
-        nodes = self.nodes(grid)
         keys = list(arrays.keys())
         base = arrays_to_numpy(arrays)
         dtypes = [a.dtype for a in base]
         x = [a.astype(np.float64) for a in base]
 
-        # Phase 1: L_i and c_i at x^r from every client.
-        qcontent = RecordDict({"arrays": arrays, "config": self._config(config, server_round, train=False)})
-        qreplies = self.communicate(grid, self.build_messages(nodes, qcontent, QUERY_TYPE), phase="query",
-                                    reference=arrays, array_keys=("grad",), required_metrics=("loss",))
-        node_of: dict[int, int] = {}
-        fresh: set[int] = set()
-        for r in qreplies:
-            pid = int(_metrics_of(r)[PARTITION_ID])
-            node_of[pid] = int(r.metadata.src_node_id)
-            fresh.add(pid)
-            st.memory[pid] = (float(_metrics_of(r)["loss"]),
-                              [g.astype(np.float64) for g in arrays_to_numpy(r.content["grad"])])
+        node_of, fresh = self._query(server_round, grid, arrays, config)
         self._sync_partitions(fresh)
-        if self.steps is None and st.partitions:
-            self.steps = self._init_steps(len(st.partitions))
-        active = [p for p in st.partitions if (p in fresh if self.on_failure == "exclude" else p in st.memory)]
-        if not active or self.steps is None:
+        if st.steps is None and st.partitions:
+            st.steps = self._initial_steps(len(st.partitions))
+        exclude = self.config.on_failure == "exclude"
+        active = [p for p in st.partitions if (p in fresh if exclude else p in st.memory)]
+        if not active or st.steps is None:
             log(WARNING, "[%s] round %d: no client loss known; model and λ kept", self.run_name, server_round)
             self._extras["dual_step"] = "skipped: no loss"
             return arrays, None
-        steps = self.steps
-        index = {p: k for k, p in enumerate(st.partitions)}
-        idx = np.array([index[p] for p in active])
-        self._extras.update({"tau": steps.tau, "sigma": steps.sigma, "theta": steps.theta})
-        stale = [p for p in active if p not in fresh]
-        if stale:
+        tau, sigma, _, theta = st.steps
+        self._extras.update({"tau": tau, "sigma": sigma, "theta": theta})
+        if stale := [p for p in active if p not in fresh]:
             self._extras["reused"] = stale
-        missing = [p for p in st.partitions if p not in active]
-        if missing:
+        if missing := [p for p in st.partitions if p not in active]:
             self._extras["excluded"] = missing
 
-        # Dual step on the active sub-vector (the whole λ when every client is known).
-        loss_now = np.array([st.memory[p][0] for p in active])
-        loss_prev = np.array([st.loss_prev.get(p, st.memory[p][0]) for p in active])
-        s = scaffpd_extrapolate(loss_now, loss_prev, steps.theta)
-        mass = float(st.lam[idx].sum())
-        sub = st.lam[idx] / mass if mass > 1e-300 else np.full(len(idx), 1.0 / len(idx))
-        new_sub = self.dual_update(sub, s, steps.sigma)
-        lam = st.lam.copy()
-        lam[idx] = new_sub * (mass if mass > 1e-300 else 0.0)
-        if mass <= 1e-300:
-            log(WARNING, "[%s] round %d: active clients have λ = 0; λ kept", self.run_name, server_round)
-        st.lam = lam / lam.sum()
-        st.loss_prev = {p: st.memory[p][0] for p in active}
-        w = new_sub  # λ^{r+1} renormalised over the active clients
-        weight = dict(zip(active, w, strict=True))
-        control = [sum(weight[p] * st.memory[p][1][k] for p in active) for k in range(len(x))]
+        weight, s = self._dual(active)
+        control = core.weighted_sum([weight[p] for p in active], [st.memory[p][1] for p in active])
         self._extras["query_loss"] = {str(p): st.memory[p][0] for p in active}
         self._extras["s"] = {str(p): float(v) for p, v in zip(active, s, strict=True)}
 
         # Phase 2: corrected local steps on the clients that answered phase 1.
         trainers = [p for p in active if p in fresh]
-        tcontent = RecordDict({
+        content = RecordDict({
             "arrays": arrays,
             "control": numpy_to_arrays(keys, [c.astype(d) for c, d in zip(control, dtypes, strict=True)]),
             "config": self._config(config, server_round, train=True),
         })
-        treplies = self.communicate(grid, self.build_messages([node_of[p] for p in trainers], tcontent, TRAIN_TYPE),
-                                    phase="train", reference=arrays)
+        replies = self.communicate(grid, self.build_messages([node_of[p] for p in trainers], content, TRAIN_TYPE),
+                                   phase="train", reference=arrays)
         delta: dict[int, list[np.ndarray]] = {}
-        scale = 1.0 / (self.lr * self.local_steps)
-        for r in treplies:
-            pid = int(_metrics_of(r)[PARTITION_ID])
+        for r in replies:
+            pid = int(metrics_of(r)[PARTITION_ID])
             if pid in weight:
-                u = arrays_to_numpy(r.content["arrays"])
-                delta[pid] = [(xk - uk.astype(np.float64)) * scale for xk, uk in zip(x, u, strict=True)]
-        if self.on_failure == "reuse":
-            substituted = [p for p in active if p not in delta]
-            for p in substituted:
-                delta[p] = control
-            if substituted:
-                self._extras["substituted"] = substituted
-            coef = weight
-        else:
+                delta[pid] = core.local_direction(x, arrays_to_numpy(r.content["arrays"]), self.training.lr,
+                                                  self.training.local_steps)
+        if exclude:
             total = sum(weight[p] for p in delta)
             coef = {p: weight[p] / total for p in delta} if total > 0 else {}
+        else:
+            if substituted := [p for p in active if p not in delta]:
+                self._extras["substituted"] = substituted
+            delta.update({p: control for p in substituted})
+            coef = weight
+        self._advance_steps()
         if not coef:
             log(WARNING, "[%s] round %d: no valid train.scaffpd reply; model kept", self.run_name, server_round)
             self._extras["primal_step"] = "skipped: no train reply"
-            steps.advance()
             return arrays, None
-        direction = [sum(coef[p] * delta[p][k] for p in coef) for k in range(len(x))]
-        new = [(xk - steps.tau * dk).astype(d) for xk, dk, d in zip(x, direction, dtypes, strict=True)]
-        steps.advance()
-        metrics = _mean_metrics([r.content for r in treplies]) if treplies else None
+        direction = core.weighted_sum(list(coef.values()), [delta[p] for p in coef])
+        new = [xk.astype(d) for xk, d in zip(core.primal_step(x, direction, tau), dtypes, strict=True)]
+        metrics = mean_of_metric_records([metrics_of(r) for r in replies]) if replies else None
         return numpy_to_arrays(keys, new), metrics
 
     def round_extras(self) -> dict[str, Any]:

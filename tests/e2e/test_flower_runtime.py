@@ -97,20 +97,15 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         rounds = [json.loads(x) for x in (out / "fedavg" / "rounds.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rounds] == [1, 2]
         assert sorted(rounds[-1]["client_acc"]) == ["0", "1"]
-        # FedRobust's per-client affine shift (Λ_i, δ_i) lives in the SuperNode's
-        # Context.state: its round counter reaches 2 only if the state persisted.
+        # FedRobust's per-client affine shift (Λ_i, δ_i) is kept by the server per partition and
+        # travels with each message: its round counter reaches 2 only if the shift came back.
         robust = [json.loads(x) for x in (out / "fedrobust" / "rounds.jsonl").read_text().splitlines()]
         assert [r["train"]["affine-rounds"] for r in robust] == [1.0, 2.0]
         assert robust[1]["train"]["lambda-dev-fro"] > 0.0
-        # ... and read back through `query.affine_state` after the last round: the SuperNode
-        # sampled for training (the same one in both rounds, seeded) still holds the shift
-        # it moved in both; a node never sampled holds the identity
+        # ... and written out after the last round: the partition sampled for training (the
+        # same one in both rounds, seeded) holds the shift it moved in both
         state = json.loads((out / "fedrobust" / "affine_state.json").read_text())
-        assert sorted(state) == ["0", "1"]
-        trained = [v for v in state.values() if v["affine-rounds"] > 0]
-        assert trained and all(v["affine-rounds"] == 2.0 and v["lambda-dev-fro"] > 0.0 for v in trained), state
-        assert all(v["lambda-dev-fro"] == 0.0 and v["delta-norm"] == 0.0 for v in state.values()
-                   if v["affine-rounds"] == 0), state
+        assert state and all(v["affine-rounds"] == 2.0 and v["lambda-dev-fro"] > 0.0 for v in state.values()), state
     finally:
         stop(procs)  # whole process groups: SuperExec and app subprocesses too
         for log in logs:

@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import evaluate_model
 from flowerdro.experiments import run
+from flowerdro.runs import initial_arrays
 
 
 def _cfg(synth_rc: dict, **rc) -> dict:
@@ -41,11 +42,15 @@ def test_drdsgd_and_dsgd_run_and_log_consensus_transfers_rho(tmp_path, synth_rc)
             assert r["failures"] == {}
         if label == "drdsgd":
             assert set(recs[-1]["log_tilt_weight"]) == {str(i) for i in range(5)}
-            # one local step: log(h_i/μ) = ℓ_i/μ − log μ with ℓ_i the reported minibatch loss
-            for pid, lw in recs[-1]["log_tilt_weight"].items():
-                assert lw == pytest.approx(
-                    recs[-1]["train_loss_device"][pid] / 2.0 - math.log(2.0), abs=1e-5
-                )
+            # round 1: every device got θ^0, so h_i = exp(ℓ_i/μ) with ℓ_i the cross-entropy of
+            # θ^0 on device i's first minibatch, computed here in float64 numpy
+            theta0 = initial_arrays(_grid(synth_rc, 5), {**synth_rc, "num-partitions": 5}, 60)
+            for pid, ctx in _contexts(synth_rc, 5).items():
+                loss = _numpy_first_batch_loss(get_runtime(ctx).data, theta0, pid=pid)
+                # float32 logits vs float64 here: a few float32 eps (1.2e-7) on ℓ ≈ 1.6; the
+                # record rounds to 6 decimals (5e-7)
+                assert recs[0]["log_tilt_weight"][str(pid)] == pytest.approx(
+                    math.log(math.exp(loss / 2.0) / 2.0), abs=2e-6)
         strategy = res.strategies[label][0]
         # the graph is the same for DR-DSGD and DSGD with the same seed
         assert strategy.settings()["rho"] == pytest.approx(recs[0]["rho"])
@@ -65,12 +70,33 @@ def test_drdsgd_and_dsgd_run_and_log_consensus_transfers_rho(tmp_path, synth_rc)
     assert (tmp_path / "dec" / "drdsgd" / "seed0" / "device_models.npz").exists()
 
 
-def _contexts(rc: dict, n: int):
+def _grid(rc: dict, n: int):
     from flowerdro.apps.client_app import app
     from flowerdro.experiments import InProcessGrid
 
-    grid = InProcessGrid(app, n, {**rc, "num-partitions": n})
+    return InProcessGrid(app, n, {**rc, "num-partitions": n})
+
+
+def _contexts(rc: dict, n: int):
+    grid = _grid(rc, n)
     return {grid.partition_of_node[nid]: ctx for nid, ctx in grid.contexts.items()}
+
+
+def _numpy_first_batch_loss(data, arrays: ArrayRecord, *, pid: int, batch_size: int = 16) -> float:
+    """Cross-entropy of a logistic regression on device ``pid``'s first minibatch of round 1 (seed 0).
+
+    The minibatch is the first ``batch_size`` entries of the permutation drawn from the
+    device's DR-DSGD generator; the loss is mean(logsumexp(z) − z_y), z = x Wᵀ + b.
+    """
+    import torch
+
+    from flowerdro.clients.drdsgd import drdsgd_generator
+
+    idx = torch.randperm(data.num_train, generator=drdsgd_generator(0, 1, pid))[:batch_size].numpy()
+    x = data.x_train.numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
+    z = x @ arrays["linear.weight"].numpy().astype(np.float64).T + arrays["linear.bias"].numpy()
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
+    return float(np.mean(lse - z[np.arange(len(idx)), data.y_train.numpy()[idx]]))
 
 
 def test_complete_graph_reaches_exact_consensus(synth_rc):
@@ -119,3 +145,50 @@ def test_eval_model_average_scores_the_consensus_average_on_each_device(synth_rc
         loss, acc = evaluate_model(rt.model_from(theta_bar), rt.data.x_test, rt.data.y_test)
         assert strategy.client_metrics[pid]["test_acc"] == pytest.approx(acc, abs=1e-9)
         assert strategy.client_metrics[pid]["test_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+# --------------------------------------------------------------------------- resume and restarts
+class _Crash(Exception):
+    pass
+
+
+def _experiment(name: str, rc: dict, root) -> dict:
+    return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 5, "strategies": [name],
+            "run-config": {**rc, "checkpoint-every": 1, "topology": "erdos_renyi", "graph-p": 0.5,
+                           "graph-resample": True, "mu": 2.0, "fraction-evaluate": 0.6},
+            "output-root": str(root)}
+
+
+@pytest.mark.parametrize("name", ["drdsgd", "dsgd"])
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, monkeypatch):
+    # Prepare: the uninterrupted run; a resampled graph (W_t, Σ W_tᵀW_t) and sampled evaluation (RNG)
+    from flowerdro.strategies.base import FairStrategy
+
+    whole = run(_experiment(name, synth_rc, tmp_path / "whole"), verbose=False)
+    original = FairStrategy._notify
+
+    def crashing(self, event, *args):
+        original(self, event, *args)
+        if event == "on_round" and args[0]["round"] == 2:
+            raise _Crash
+
+    # Execute: crash right after round 2 (its checkpoint written), then resume in the same folder
+    monkeypatch.setattr(FairStrategy, "_notify", crashing)
+    with pytest.raises(_Crash):
+        run(_experiment(name, synth_rc, tmp_path / "cut"), verbose=False)
+    monkeypatch.setattr(FairStrategy, "_notify", original)
+    resumed = run({**_experiment(name, synth_rc, tmp_path / "cut"), "resume": True}, verbose=False)
+
+    # Assert: the same records (wall times aside), device models and reported model
+    def records(history):
+        return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
+
+    assert records(resumed.histories[name][0]) == records(whole.histories[name][0])
+    assert "rho_expected" in whole.histories[name][0][-1]
+    a, b = whole.strategies[name][0].state, resumed.strategies[name][0].state
+    assert a.order == b.order == list(range(5)) and a.iterations == b.iterations == 4
+    for pid in a.order:
+        for x, y in zip(a.models[pid], b.models[pid], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for k in whole.final_arrays[name][0].keys():
+        np.testing.assert_array_equal(whole.final_arrays[name][0][k].numpy(), resumed.final_arrays[name][0][k].numpy())

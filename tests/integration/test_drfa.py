@@ -115,8 +115,9 @@ def test_client_failing_in_query_phase_is_dropped_and_round_completes(synth_rc):
     init = initial_arrays(grid, synth_rc, 60)
     res = st.start(grid, init, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
     assert len(st.history) == 5 and np.all(np.isfinite(_flat(res.arrays)))
-    # round 1: partition 1's node fails discovery, is learned from its evaluate reply, then trains
-    assert st.history[0]["failures"] == {"discover:error": 1}
+    # the round loop's roll call (query.init) learns every partition, so the failing loss
+    # query costs partition 1 nothing before it is first queried
+    assert st.history[0]["failures"] == {}
     later = st.history[1:]
     assert any(1 in r["sampled"] for r in later)
     assert not any("train:error" in r["failures"] for r in st.history)

@@ -48,6 +48,7 @@ def test_fedavg_round_equals_weighted_average_of_local_models(synth_rc):
         models.append(_flat(reply.content["arrays"]))
         weights.append(reply.content["metrics"]["num-examples"])
     expected = np.average(np.stack(models), axis=0, weights=np.asarray(weights, float))
+    # float32 weights of size ≲ 1 averaged over 4 clients: a few float32 roundings (u ≈ 6e-8)
     np.testing.assert_allclose(_flat(res.arrays), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -106,6 +107,7 @@ def test_failing_evaluation_is_dropped_not_averaged(synth_rc):
     assert sorted(rec["client_acc"]) == ["0", "2", "3"]
     assert rec["failures"] == {"evaluate:nonfinite": 1}
     accs = list(rec["client_acc"].values())
+    # float64 statistics of the same per-client accuracies (1e-6 covers their rounding in the record)
     assert rec["acc_worst"] == pytest.approx(min(accs), abs=1e-6)
     assert rec["acc_mean"] == pytest.approx(np.mean(accs), abs=1e-6)
 
@@ -120,6 +122,7 @@ def test_train_loss_is_loss_of_received_model(synth_rc):
     reply = grid.send_and_receive([msg])[0]
     rt = get_runtime(grid.contexts[nid])
     expected, _ = evaluate_model(rt.model_from(init), rt.data.x_train, rt.data.y_train)
+    # the same evaluate_model pass on the same data (bitwise equal; 1e-6 ≈ 8 float32 ulps)
     assert reply.content["metrics"]["train_loss"] == pytest.approx(expected, rel=1e-6)
     assert reply.content["metrics"]["partition-id"] == 1
     assert set(reply.content.array_records) == {"arrays"}  # nothing extra unless asked
@@ -136,7 +139,7 @@ def test_query_loss_full_and_batch(synth_rc):
         cfg = ConfigRecord({"loss-on": mode, "batch-size": 8, "server-round": 1})
         msg = Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=nid, message_type="query.loss")
         out[mode] = grid.send_and_receive([msg])[0].content["metrics"]
-    assert out["full"]["loss"] == pytest.approx(full, rel=1e-6)
+    assert out["full"]["loss"] == pytest.approx(full, rel=1e-6)  # the same evaluate_model pass, as above
     assert out["full"]["num-examples"] == rt.data.num_train
     assert out["batch"]["num-examples"] == 8
     assert np.isfinite(out["batch"]["loss"])
@@ -164,11 +167,11 @@ def test_bias_attack_shifts_reported_losses_only(synth_rc):
         msg = Message(content=RecordDict({"arrays": init, "config": cfg}), dst_node_id=g.node_ids[1],
                       message_type="query.loss")
         vals.append(g.send_and_receive([msg])[0].content["metrics"]["loss"])
-    assert vals[1] - vals[0] == pytest.approx(3.0, abs=1e-9)
+    assert vals[1] - vals[0] == pytest.approx(3.0, abs=1e-9)  # float64 loss + 3: one rounding ≈ 4e-16
 
 
 def test_scale_attack_multiplies_update(synth_rc):
-    rc = {**synth_rc, "malicious-ids": "0", "attack": "scale", "attack-scale": 4.0}
+    rc = {**synth_rc, "malicious-ids": "0", "attack": "update-scale", "attack-scale": 4.0}
     clean, attacked = _grid(synth_rc, n=1), _grid(rc, n=1)
     init = initial_arrays(clean, synth_rc, 60)
     ups = []
@@ -176,6 +179,8 @@ def test_scale_attack_multiplies_update(synth_rc):
         msg = Message(content=RecordDict({"arrays": init, "config": client_config(synth_rc)}),
                       dst_node_id=g.node_ids[0], message_type="train")
         ups.append(_flat(g.send_and_receive([msg])[0].content["arrays"]) - _flat(init))
+    # float32: (w + 4u) − w vs 4u with |w| ≲ 1 loses ≈ u·|w| ≈ 6e-8 per entry; |u| is small, so rtol alone
+    # (on u) would not do: atol 1e-6 ≈ 16 ulps of |w|
     np.testing.assert_allclose(ups[1], 4.0 * ups[0], rtol=1e-4, atol=1e-6)
 
 
@@ -192,6 +197,7 @@ def test_runner_writes_logs_plots_and_table(tmp_path, synth_rc):
                 "bytes_sent", "bytes_received", "time_s", "client_acc"):
         assert key in recs[-1]
     accs = np.array(list(recs[-1]["client_acc"].values()))
+    # the record's statistics of the same accuracies (1e-5 covers rounding of the logged values)
     assert recs[-1]["acc_worst"] == pytest.approx(accs.min(), abs=1e-5)
     assert recs[-1]["acc_std"] == pytest.approx(accs.std(), abs=1e-5)
     assert (tmp_path / "t" / "comparison.png").stat().st_size > 1000
@@ -262,7 +268,8 @@ def test_run_config_proximal_mu_does_not_leak_into_fedavg(synth_rc):
         cfg = {"name": "x", "num-rounds": 1, "num-partitions": 3, "strategies": ["fedavg"],
                "run-config": {**synth_rc, "proximal-mu": mu}}
         finals.append(_flat(run(cfg, output_root=None, verbose=False).final_arrays["fedavg"][0]))
-    np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)  # float32 noise only
+    # identical runs up to float32 rounding (u ≈ 6e-8 per operation on weights ≲ 1, one round)
+    np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)
 
 
 def test_shared_run_config_does_not_turn_drfa_into_drfa_prox(synth_rc):

@@ -1,4 +1,4 @@
-"""flowerdro.core.affine and the FedRobust / adversarial local loops, against hand computations."""
+"""Affine shifts and attacks on torch models, the robust evaluations and the FedRobust / adversarial local loops."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from torch.nn import functional as F
 from flowerdro.clients.robust import adversarial_local, fedrobust_local
 from flowerdro.clients.training import LocalData, make_generator, minibatches
 from flowerdro.core.affine import (
-    affine_ascent_step,
     affine_state_bytes,
-    apply_affine,
     check_affine_dim,
-    evaluate_robustness,
+    project_frobenius_ball,
+    project_l2_ball,
+)
+from flowerdro.models.affine import (
+    affine_ascent_step,
+    apply_affine,
     fgm_l2_attack,
     inner_objective,
     margin_loss,
     pgd_l2_attack,
-    project_frobenius_ball,
-    project_l2_ball,
     project_l2_ball_rows,
-    robust_accuracy,
-    worst_affine_shift,
 )
+from flowerdro.models.robustness import evaluate_robustness, robust_accuracy, worst_affine_shift
 
 DT = torch.float64
 
@@ -84,24 +84,21 @@ def test_memory_of_one_shift_and_the_dimension_limit():
 
 
 # --------------------------------------------------------------------------- projections
-def test_frobenius_ball_projection_by_hand():
-    # Λ − I = [[3, 0], [0, 4]] has ‖·‖_F = 5; radius 1 scales it by 1/5.
+def test_ball_projections_apply_to_tensors_by_hand():
+    # Λ − I = [[3, 0], [0, 4]] has ‖·‖_F = 5; radius 1 scales it by 1/5 (the core's arithmetic on
+    # tensors, with the tensor identity passed in); inside the ball: unchanged to the bit.
     lam = torch.tensor([[4.0, 0.0], [0.0, 5.0]])
-    np.testing.assert_allclose(project_frobenius_ball(lam, 1.0).numpy(), [[1.6, 0.0], [0.0, 1.8]])
-    # inside the ball: unchanged; radius 0: the identity.
-    np.testing.assert_allclose(project_frobenius_ball(lam, 6.0).numpy(), lam.numpy())
-    np.testing.assert_allclose(project_frobenius_ball(lam, 0.0).numpy(), np.eye(2))
-
-
-def test_l2_ball_projections_by_hand():
+    out = project_frobenius_ball(lam, 1.0, torch.eye(2))
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_allclose(out.numpy(), [[1.6, 0.0], [0.0, 1.8]])
+    assert torch.equal(project_frobenius_ball(lam, 6.0, torch.eye(2)), lam)
     np.testing.assert_allclose(project_l2_ball(torch.tensor([3.0, 4.0]), 2.0).numpy(), [1.2, 1.6])
-    np.testing.assert_allclose(project_l2_ball(torch.tensor([0.3, 0.4]), 2.0).numpy(), [0.3, 0.4])
     rows = torch.tensor([[3.0, 4.0], [0.0, 0.5], [0.0, 0.0]])
     np.testing.assert_allclose(project_l2_ball_rows(rows, 1.0).numpy(), [[0.6, 0.8], [0.0, 0.5], [0.0, 0.0]])
 
 
-@pytest.mark.parametrize("fn", [lambda: project_frobenius_ball(torch.eye(2), -0.1),
-                                lambda: project_l2_ball(torch.zeros(2), -1.0),
+@pytest.mark.parametrize("fn", [lambda: project_frobenius_ball(np.eye(2), -0.1),
+                                lambda: project_l2_ball(np.zeros(2), -1.0),
                                 lambda: project_l2_ball_rows(torch.zeros(2, 2), -1.0),
                                 lambda: pgd_l2_attack(nn.Linear(2, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), -1.0),
                                 lambda: worst_affine_shift(nn.Linear(2, 2), torch.zeros(1, 2),
@@ -259,18 +256,60 @@ def _data(n: int = 40, seed: int = 0) -> LocalData:
     return LocalData.from_numpy(x, y, x, y, torch.device("cpu"), dtype=torch.float64)
 
 
-def test_ascent_step_increases_the_inner_objective():
-    data, model = _data(), _mlp()
-    x, y = data.x_train, data.y_train
-    lam, delta = torch.eye(6, dtype=DT), torch.zeros(6, dtype=DT)
-    penalty = 0.1
-    before = float(inner_objective(model, x, y, lam, delta, penalty).detach())
-    for _ in range(5):
-        lam, delta = affine_ascent_step(model, x, y, lam, delta, adv_lr=0.05, penalty=penalty)
-        after = float(inner_objective(model, x, y, lam, delta, penalty).detach())
-        assert after > before
-        before = after
+def _squared_loss_problem(seed: int = 11):
+    """A one-output linear model f(x) = wᵀx + b, its data, and a shift (Λ, δ) off the identity."""
+    rng = np.random.default_rng(seed)
+    n, d = 7, 4
+    x, y = rng.normal(size=(n, d)), rng.normal(size=(n, 1))
+    w, b = rng.normal(size=d), rng.normal()
+    lam, delta = np.eye(d) + 0.1 * rng.normal(size=(d, d)), 0.2 * rng.normal(size=d)
+    model = nn.Linear(d, 1, dtype=DT)
+    with torch.no_grad():
+        model.weight.copy_(torch.as_tensor(w[None, :]))
+        model.bias.fill_(b)
+    return model, x, y, w, b, lam, delta
+
+
+def _squared_loss_gradients(x, y, w, b, lam, delta):
+    """Residuals r_j = wᵀ(Λx_j + δ) + b − y_j of ℓ = (1/n)Σ r_j² and its gradients, by hand.
+
+    ∇_Λ ℓ = (2/n) Σ_j r_j w x_jᵀ, ∇_δ ℓ = (2/n) Σ_j r_j w, ∇_w ℓ = (2/n) Σ_j r_j (Λx_j + δ),
+    ∂ℓ/∂b = (2/n) Σ_j r_j.
+    """
+    n = x.shape[0]
+    shifted = x @ lam.T + delta
+    r = shifted @ w + b - y[:, 0]
+    return r, 2 / n * np.outer(w, r @ x), 2 / n * r.sum() * w, 2 / n * r @ shifted, 2 / n * r.sum()
+
+
+def test_inner_objective_and_one_ascent_step_of_a_linear_model_with_squared_loss_by_hand():
+    model, x, y, w, b, lam, delta = _squared_loss_problem()
+    eta, pen = 0.05, 0.3
+    r, g_lam, g_delta, _, _ = _squared_loss_gradients(x, y, w, b, lam, delta)
+    phi = np.mean(r ** 2) - pen * np.sum((lam - np.eye(4)) ** 2) - pen * np.sum(delta ** 2)
+    args = (model, torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(lam), torch.as_tensor(delta))
+    assert float(inner_objective(*args, pen, loss_fn=F.mse_loss).detach()) == pytest.approx(phi, rel=1e-13)
+    new_lam, new_delta = affine_ascent_step(*args, adv_lr=eta, penalty=pen, loss_fn=F.mse_loss)
+    # float64 sums of a handful of O(1) products: agreement to ~1e-15, asserted at 1e-12
+    np.testing.assert_allclose(new_lam.numpy(), lam + eta * (g_lam - 2 * pen * (lam - np.eye(4))), atol=1e-12)
+    np.testing.assert_allclose(new_delta.numpy(), delta + eta * (g_delta - 2 * pen * delta), atol=1e-12)
     assert not any(p.grad is not None for p in model.parameters())
+
+
+def test_one_fedrobust_iteration_of_a_linear_model_with_squared_loss_by_hand():
+    # τ = 1 on the full batch: w, b descend and (Λ, δ) ascend from the same point.
+    model, x, y, w, b, lam, delta = _squared_loss_problem(12)
+    eta1, eta2, pen = 0.1, 0.05, 0.3
+    _, g_lam, g_delta, g_w, g_b = _squared_loss_gradients(x, y, w, b, lam, delta)
+    data = LocalData.from_numpy(x, y, x, y, torch.device("cpu"), dtype=DT)
+    res, new_lam, new_delta = fedrobust_local(model, data, torch.as_tensor(lam), torch.as_tensor(delta), steps=1,
+                                              lr=eta1, adv_lr=eta2, penalty=pen, batch_size=len(x),
+                                              generator=make_generator(0), loss_fn=F.mse_loss)
+    # float64, a handful of O(1) terms: 1e-12 leaves three orders of magnitude of room
+    np.testing.assert_allclose(new_lam.numpy(), lam + eta2 * (g_lam - 2 * pen * (lam - np.eye(4))), atol=1e-12)
+    np.testing.assert_allclose(new_delta.numpy(), delta + eta2 * (g_delta - 2 * pen * delta), atol=1e-12)
+    np.testing.assert_allclose(res.state["weight"].numpy()[0], w - eta1 * g_w, atol=1e-12)
+    assert float(res.state["bias"][0]) == pytest.approx(b - eta1 * g_b, abs=1e-12)
 
 
 def test_fedrobust_local_step_is_simultaneous_descent_ascent_at_the_current_point():
@@ -371,7 +410,7 @@ def test_evaluate_robustness_from_saved_arrays():
 def test_shift_ascent_contracts_by_one_minus_two_lambda_eta_and_unstable_rates_are_refused():
     # a model whose output ignores its input: ∇_Λℓ = ∇_δℓ = 0, so one ascent step is exactly
     # Λ − I ← (1 − 2λη₂)(Λ − I), δ ← (1 − 2λη₂)δ (here 1 − 2·1·0.3 = 0.4)
-    from flowerdro.core.affine import affine_ascent_step, check_ascent_rates
+    from flowerdro.core.affine import check_ascent_rates
 
     class Constant(torch.nn.Module):
         def __init__(self) -> None:

@@ -20,6 +20,8 @@ def test_each_client_gets_its_own_seeded_shift_of_train_and_test_inputs():
         rng = np.random.default_rng([7, 5, pid])
         lam = np.eye(5) + 0.2 * rng.standard_normal((5, 5))
         delta = 0.5 * rng.standard_normal(5)
+        # float32 inputs of size ≲ 5: the stored shift rounds each entry once (≈ 3e-7) after a float64
+        # 5-term product; 1e-5 leaves ~30 ulps
         np.testing.assert_allclose(b.x_train, a.x_train @ lam.T + delta, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(b.x_test, a.x_test @ lam.T + delta, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(b.y_train, a.y_train)
@@ -48,4 +50,4 @@ def test_only_delta_shift_on_image_shaped_mnist(data_dir):
     delta = 0.1 * np.random.default_rng([0, 5, 1]).standard_normal(784)
     assert shifted[1].x_train.shape == (50, 1, 28, 28)
     np.testing.assert_allclose(shifted[1].x_train.reshape(50, -1), plain[1].x_train.reshape(50, -1) + delta,
-                               atol=1e-6)
+                               atol=1e-6)  # float32 of values ≤ ~1.5: one rounding ≤ 1e-7

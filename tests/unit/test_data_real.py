@@ -120,7 +120,7 @@ def test_fashion_mnist_one_class_label_mix() -> None:
         assert c.input_shape == (1, 28, 28)
     # pixel scaling: the first test image of class 3 equals the raw image / 255
     first = np.flatnonzero(raw.y_test == 3)[0]
-    np.testing.assert_allclose(clients[3].x_test[0], raw.x_test[first] / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(clients[3].x_test[0], raw.x_test[first] / 255.0, rtol=1e-6)  # one float32 rounding
     assert 0.0 <= clients[0].x_train.min() and clients[0].x_train.max() <= 1.0
 
 
@@ -164,10 +164,12 @@ def test_adult_features_one_hot_and_standardised() -> None:
     assert raw.x_train.shape[1] == raw.x_test.shape[1] == len(names)
     # numericals: mean 0, std 1 on train
     num = raw.x_train[:, : len(ADULT_NUMERICAL)].astype(np.float64)
+    # float32 storage of standardised values (|z| ≲ 10): rounding ≲ 6e-7 each, averaged
     np.testing.assert_allclose(num.mean(axis=0), 0.0, atol=1e-5)
     np.testing.assert_allclose(num.std(axis=0), 1.0, atol=1e-5)
     # age column de-standardised matches the raw ages of the first rows
     ages = np.array([float(r[0]) for r in _adult_rows(data, False)])
+    # float32 z-scores times std ≈ 13.6: ≲ 10·6e-8·13.6 ≈ 1e-5 years; 1e-3 is a loose bound
     np.testing.assert_allclose(raw.x_train[:, 0] * ages.std() + ages.mean(), ages, atol=1e-3)
     # each categorical block is one-hot; '?' is its own category with the raw count
     for col in ("workclass", "education", "native-country"):

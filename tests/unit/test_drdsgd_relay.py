@@ -14,12 +14,13 @@ from torch.nn import functional as F
 
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.clients.drdsgd import drdsgd_generator, drdsgd_local_step
+from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import LocalData, minibatches
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
-from flowerdro.strategies.drdsgd import DRDSGD
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 
 
 # --------------------------------------------------------------------------- a scripted grid
@@ -31,14 +32,16 @@ class ScriptGrid(Grid):
         self,
         deltas: dict[int, np.ndarray],
         fail: Callable[[int, int], bool] = lambda pid, rnd: False,
+        reply_dtype: dict[int, type] | None = None,
     ):
         ensure_task_identity()
-        self.deltas, self.fail = deltas, fail
+        self.deltas, self.fail, self.reply_dtype = deltas, fail, reply_dtype or {}
         self.node_ids = [
             1000 + 7 * (len(deltas) - k) for k in range(len(deltas))
         ]  # reverse of partition order
         self.partition_of = {nid: k for k, nid in enumerate(self.node_ids)}
         self.received: list[tuple[str, int, int, np.ndarray]] = []
+        self.configs: list[tuple[str, int, int, dict]] = []
         self._n = 0
 
     def set_run(self, run):  # noqa: D102
@@ -73,13 +76,15 @@ class ScriptGrid(Grid):
             theta = msg.content["arrays"]["w"].numpy()
             mtype = msg.metadata.message_type
             self.received.append((mtype, rnd, pid, theta.copy()))
+            self.configs.append((mtype, rnd, pid, dict(msg.content["config"])))
             if mtype.startswith("train"):
                 if self.fail(pid, rnd):
                     out.append(
                         Message(error=Error(code=1, reason="scripted failure"), reply_to=msg)
                     )
                     continue
-                arrays = ArrayRecord({"w": Array((theta + self.deltas[pid]).astype(theta.dtype))})
+                dtype = self.reply_dtype.get(pid, theta.dtype)
+                arrays = ArrayRecord({"w": Array((theta.astype(dtype) + self.deltas[pid]).astype(dtype))})
                 metrics = MetricRecord(
                     {
                         "num-examples": 10,
@@ -112,7 +117,7 @@ def _ring_by_hand(theta: np.ndarray) -> np.ndarray:
 
 
 def _ring_strategy(K: int, **kw) -> DRDSGD:
-    return DRDSGD(mu=2.0, topology="ring", num_nodes=K, **kw)
+    return DRDSGD(mu=2.0, topology="ring", num_partitions=K, **kw)
 
 
 def test_gossip_step_matches_hand_computation_and_each_node_gets_its_own_model():
@@ -173,31 +178,70 @@ def test_eval_model_average_sends_the_consensus_average_to_every_device():
 
 @pytest.mark.parametrize("name", ["drdsgd", "dsgd"])
 def test_eval_model_is_read_from_the_run_config_and_checked(name):
-    assert build_strategy(name, {"num-partitions": 5}).eval_model == "own"
-    assert build_strategy(name, {"num-partitions": 5, "eval-model": "average"}).eval_model == "average"
+    assert build_strategy(name, {"num-partitions": 5}).config.eval_model == "own"
+    assert build_strategy(name, {"num-partitions": 5, "eval-model": "average"}).config.eval_model == "average"
     with pytest.raises(ValueError, match="eval-model"):
         build_strategy(name, {"num-partitions": 5, "eval-model": "mean"})
     with pytest.raises(ValueError, match="eval-model"):
-        DRDSGD(mu=1.0, robust=name == "drdsgd", eval_model="global")
+        (DRDSGD if name == "drdsgd" else DSGD)(eval_model="global")
+
+
+def _train_configs(strategy: DRDSGD, K: int = 5) -> list[dict]:
+    """The config of every train message of one round against a scripted grid."""
+    grid = ScriptGrid({i: np.zeros(1) for i in range(K)})
+    strategy.start(grid, ArrayRecord({"w": Array(np.zeros(1))}), num_rounds=1, timeout=10,
+                   train_config=ConfigRecord({"lr": 0.1, "local-steps": 10}))
+    return [cfg for mtype, _, _, cfg in grid.configs if mtype.startswith("train")]
 
 
 def test_max_tilt_weight_sets_the_log_cap_sent_to_clients_and_is_flagged():
     # default: the e^50 overflow guard, as the paper's algorithm (no binding cap)
     default = build_strategy("drdsgd", {"num-partitions": 5})
-    assert default.log_cap == 50.0 and default.settings()["tilt_cap_departs_from_paper"] is False
+    assert default.config.log_cap == 50.0 and default.settings()["tilt_cap_departs_from_paper"] is False
     capped = build_strategy("drdsgd", {"num-partitions": 5, "max-tilt-weight": 0.5})
-    assert capped.log_cap == pytest.approx(math.log(0.5), rel=1e-15)
+    assert capped.config.log_cap == pytest.approx(math.log(0.5), rel=1e-15)
     settings = capped.settings()
     assert settings["max_tilt_weight"] == pytest.approx(0.5, rel=1e-15)
     assert settings["tilt_cap_departs_from_paper"] is True
-    grid = ScriptGrid({i: np.zeros(1) for i in range(5)})
-    capped._init_models(grid, ArrayRecord({"w": Array(np.zeros(1))}))
-    msgs = list(capped.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
-    assert all(m.content["config"]["tilt-log-cap"] == pytest.approx(math.log(0.5)) for m in msgs)
-    # DSGD has no multiplier, so the option does nothing there
-    assert build_strategy("dsgd", {"num-partitions": 5, "max-tilt-weight": 0.5}).settings()[
-        "max_tilt_weight"
-    ] is None
+    configs = _train_configs(capped)
+    assert len(configs) == 5
+    assert all(c["tilt-log-cap"] == pytest.approx(math.log(0.5), rel=1e-15) for c in configs)
+    # DSGD has no multiplier, so the option is not even one of its settings
+    dsgd = build_strategy("dsgd", {"num-partitions": 5, "max-tilt-weight": 0.5})
+    assert "max_tilt_weight" not in dsgd.settings()
+    assert all("tilt-log-cap" not in c and "mu" not in c for c in _train_configs(dsgd))
+
+
+@pytest.mark.parametrize("name", ["drdsgd", "dsgd"])
+def test_steps_per_gossip_fixes_the_local_steps_whatever_local_steps_says(name):
+    # A comparison config with DRFA's tau = 10: the paper's DR-DSGD still takes one step per gossip.
+    shared = build_strategy(name, {"num-partitions": 5, "local-steps": 10, "local-epochs": 2.0})
+    assert [c["local-steps"] for c in _train_configs(shared)] == [1] * 5
+    assert all("local-epochs" not in c for c in _train_configs(build_strategy(name, {"num-partitions": 5})))
+    own = build_strategy(name, {"num-partitions": 5, "local-steps": 10, "steps-per-gossip": 3})
+    assert [c["local-steps"] for c in _train_configs(own)] == [3] * 5
+    assert own.settings()["local_steps"] == 3
+    with pytest.raises(ValueError, match="steps-per-gossip"):
+        build_strategy(name, {"num-partitions": 5, "steps-per-gossip": 0})
+
+
+def test_real_clients_take_one_step_per_gossip_under_a_shared_local_steps(synth_rc):
+    # the clients report how many steps they took: one, though the run config says ten
+    rc = {**synth_rc, "local-steps": 10, "mu": 2.0, "topology": "ring", "num-partitions": 3}
+    grid = InProcessGrid(client_app, 3, rc)
+    strategy = build_strategy("drdsgd", rc)
+    steps: list[float] = []
+    original = strategy.communicate
+
+    def spy(grid_, messages, **kw):
+        replies = original(grid_, messages, **kw)
+        if kw.get("phase") == "train":
+            steps.extend(float(r.content["metrics"]["local-steps"]) for r in replies)
+        return replies
+
+    strategy.communicate = spy
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=1, timeout=60, train_config=client_config(rc))
+    assert steps == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -287,48 +331,44 @@ def test_failed_node_keeps_model_against_real_clients(synth_rc):
     strategy = build_strategy("drdsgd", rc)
     snapshots: list[dict[int, list[np.ndarray]]] = []
     strategy.add_round_callback(
-        lambda rec: snapshots.append({n: [a.copy() for a in m] for n, m in strategy.models.items()})
+        lambda rec: snapshots.append({p: [a.copy() for a in m] for p, m in strategy.state.models.items()})
     )
     init = initial_arrays(grid, rc, 60)
     # Execute
     strategy.start(grid, init, num_rounds=2, timeout=60, train_config=client_config(rc))
-    # Assert: redo round 2 by hand from the round-1 models, with the failed node standing still.
-    theta1 = snapshots[0]
+    # Assert: redo round 2 by hand from the round-1 models, with the failed device standing still.
+    theta1, keys = snapshots[0], strategy.state.keys
     cfg = ConfigRecord(
-        {**client_config(rc), "server-round": 2, "local-steps": 5, "mu": 3.0, "tilt-log-cap": 50.0}
+        {**client_config(rc), "server-round": 2, "local-steps": 1, "mu": 3.0, "tilt-log-cap": 50.0}
     )
     clean = InProcessGrid(client_app, K, rc)
+    node_of = {p: n for n, p in clean.partition_of_node.items()}
     half = {}
-    for nid in strategy.order:
-        if grid.partition_of_node[nid] == bad:
-            half[nid] = theta1[nid]
+    for pid in range(K):
+        if pid == bad:
+            half[pid] = theta1[pid]
             continue
         msg = Message(
             content=RecordDict(
-                {
-                    "arrays": ArrayRecord(
-                        {k: Array(a) for k, a in zip(strategy.keys, theta1[nid], strict=True)}
-                    ),
-                    "config": cfg,
-                }
+                {"arrays": ArrayRecord({k: Array(a) for k, a in zip(keys, theta1[pid], strict=True)}),
+                 "config": cfg}
             ),
-            dst_node_id=nid,
+            dst_node_id=node_of[pid],
             message_type="train.drdsgd",
         )
         reply = clean.send_and_receive([msg])[0]
         assert not reply.has_error(), reply.error
-        half[nid] = [reply.content["arrays"][k].numpy() for k in strategy.keys]
+        assert reply.content["metrics"]["partition-id"] == pid
+        half[pid] = [reply.content["arrays"][k].numpy() for k in keys]
     W = strategy.mixing_matrix(1)
-    for i, nid in enumerate(strategy.order):
-        expected = [
-            sum(W[i, j] * half[m][layer].astype(np.float64) for j, m in enumerate(strategy.order))
-            for layer in range(len(strategy.keys))
-        ]
-        got = strategy.models[nid]
-        for e, g in zip(expected, got, strict=True):
-            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    assert strategy.state.order == list(range(K))  # row i of W is partition i
+    for i in range(K):
+        expected = [sum(W[i, j] * half[j][layer].astype(np.float64) for j in range(K)) for layer in range(len(keys))]
+        # float32 models: the mix rounds once to float32 (rel. 6e-8) after float64 sums of five
+        # terms; 1e-6 leaves room for the client's float32 step being recomputed on another grid
+        for e, g in zip(expected, strategy.state.models[i], strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-7)
     assert [f.partition_id for f in strategy.failures] == [bad]
-    assert [grid.partition_of_node[n] for n in strategy.order] == list(range(K))
 
 
 # --------------------------------------------------------------------------- the client step
@@ -398,6 +438,25 @@ def test_tiny_mu_is_capped_and_stays_finite():
     assert all(torch.isfinite(v).all() for v in res.state.values())
 
 
+def _numpy_first_batch_loss(data: LocalData, arrays: ArrayRecord, *, batch_size: int, seed: int, rnd: int,
+                            pid: int) -> float:
+    """Cross-entropy of a logistic regression on the device's first DR-DSGD minibatch, in numpy.
+
+    The minibatch is the first ``batch_size`` entries of the permutation drawn from the
+    device's generator for (seed, round, partition); the loss is mean(logsumexp(z) − z_y)
+    with z = x Wᵀ + b.
+    """
+    idx = torch.randperm(data.num_train, generator=drdsgd_generator(seed, rnd, pid))[:batch_size].numpy()
+    x = data.x_train.numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
+    y = data.y_train.numpy()[idx]
+    weight = arrays["linear.weight"].numpy().astype(np.float64)
+    bias = arrays["linear.bias"].numpy().astype(np.float64)
+    z = x @ weight.T + bias
+    zmax = z.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z - zmax).sum(axis=1)) + zmax[:, 0]
+    return float(np.mean(lse - z[np.arange(len(y)), y]))
+
+
 def test_handler_reply_keys_and_log_weight(synth_rc):
     K = 2
     grid = InProcessGrid(client_app, K, synth_rc)
@@ -419,7 +478,14 @@ def test_handler_reply_keys_and_log_weight(synth_rc):
         "local-steps",
     }
     assert m["partition-id"] == 1 and m["tilt_capped"] == 0
-    assert m["log_tilt_weight"] == pytest.approx(m["train_loss"] / 1.5 - math.log(1.5), rel=1e-9)
+    # h = exp(ℓ/μ) by hand, with ℓ the cross-entropy of the received logistic regression on the
+    # device's first minibatch, computed in float64 numpy from the data and the weights
+    ctx = grid.contexts[grid.node_ids[1]]
+    loss = _numpy_first_batch_loss(get_runtime(ctx).data, init, batch_size=16, seed=0, rnd=1, pid=1)
+    h = math.exp(loss / 1.5)
+    # float32 client forward pass vs float64 here: logits of 20 features and a 5-class
+    # logsumexp carry a few float32 eps (1.2e-7) each, so ℓ (about 1.6) and log(h/μ) agree to 1e-6
+    assert m["log_tilt_weight"] == pytest.approx(math.log(h / 1.5), abs=1e-6)
     # a cap below 1 (max-tilt-weight 0.5, sent as tilt-log-cap = log 0.5 < 0) is accepted
     low = ConfigRecord({**dict(cfg), "tilt-log-cap": math.log(0.5)})
     capped = grid.send_and_receive(
@@ -458,7 +524,7 @@ def test_handler_reply_keys_and_log_weight(synth_rc):
 def test_resampled_graph_changes_and_logs_expected_rho():
     K = 6
     deltas = {i: np.array([float(i)]) for i in range(K)}
-    strategy = DRDSGD(mu=1.0, topology="erdos_renyi", p=0.5, resample=True, num_nodes=K, seed=3)
+    strategy = DRDSGD(mu=1.0, topology="erdos_renyi", graph_p=0.5, graph_resample=True, num_partitions=K, seed=3)
     strategy.start(
         ScriptGrid(deltas), ArrayRecord({"w": Array(np.zeros(1))}), num_rounds=4, timeout=10
     )
@@ -484,6 +550,9 @@ def test_resampled_graph_changes_and_logs_expected_rho():
         ({"graph-p": 0.01, "num-partitions": 40}, "disconnected"),
         ({"topology": "geometric", "graph-radius": 0.01, "num-partitions": 30}, "disconnected"),
         ({"graph-seed": -1}, "graph-seed"),
+        ({"lr": -0.1}, "lr"),
+        ({"steps-per-gossip": 1.5}, "steps-per-gossip"),
+        ({"eval-model": "mean"}, "eval-model.*allowed: own, average"),
     ],
 )
 def test_bad_settings_are_named(extra, match):
@@ -498,7 +567,7 @@ def test_partial_participation_is_refused_directly_and_overridden_from_a_shared_
     with pytest.raises(ValueError, match="fraction-train"):
         DRDSGD(mu=1.0, fraction_train=0.5)
     for name in ("drdsgd", "dsgd"):
-        assert build_strategy(name, {"num-partitions": 10, "fraction-train": 0.5}).fraction_train == 1.0
+        assert build_strategy(name, {"num-partitions": 10, "fraction-train": 0.5}).loop.fraction_train == 1.0
 
 
 def test_dsgd_ignores_mu_but_checks_the_graph():
@@ -516,6 +585,102 @@ def test_k_from_connected_nodes_is_validated_at_first_round(synth_rc):
 
 def test_more_nodes_than_devices_is_refused(synth_rc):
     grid = InProcessGrid(client_app, 4, synth_rc)
-    strategy = DRDSGD(mu=1.0, topology="ring", num_nodes=3)
+    strategy = DRDSGD(mu=1.0, topology="ring", num_partitions=3)
     with pytest.raises(ValueError, match="num-partitions"):
         strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+
+
+# --------------------------------------------------------------------------- reliability
+def test_device_models_keep_their_dtype_when_a_client_replies_float64():
+    # Prepare: float32 models on a ring of 5; device 2 answers in float64 every round.
+    K = 5
+    deltas = {i: np.array([0.5 * i, 1.0], dtype=np.float64) for i in range(K)}
+    grid = ScriptGrid(deltas, reply_dtype={2: np.float64})
+    strategy = _ring_strategy(K)
+    init = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+    # Execute
+    res = strategy.start(grid, init, num_rounds=3, timeout=10)
+    # Assert: every device model, every model sent and the reported model stay float32 ...
+    assert {m[0].dtype for m in strategy.state.models.values()} == {np.dtype(np.float32)}
+    assert {th.dtype for _, _, _, th in grid.received} == {np.dtype(np.float32)}
+    assert res.arrays["w"].numpy().dtype == np.float32
+    assert len({r["bytes_sent"] for r in strategy.history}) == 1
+    # ... with the values of the gossip worked out by hand (float32 rounding: 6e-8 relative)
+    D = np.stack([deltas[i] for i in range(K)])
+    theta = np.zeros((K, 2))
+    for _ in range(3):
+        theta = _ring_by_hand(theta + D)
+    for i in range(K):
+        np.testing.assert_allclose(strategy.device_model(i)["w"].numpy(), theta[i], rtol=1e-6)
+
+
+class _RestartingGrid(InProcessGrid):
+    """Partition ``restart`` goes away after round ``down`` and comes back on a new node id after ``up``."""
+
+    def __init__(self, *args, restart: int, down: int, up: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.restart, self.down, self.up = restart, down, up
+        self.old_id = self.node_ids[restart]
+        self.new_id = self.old_id + 1_000_000
+        self.sent: list[Message] = []
+
+    def on_round(self, rnd: int) -> None:
+        if rnd == self.down + 1:
+            self.node_ids = [n for n in self.node_ids if n != self.old_id]
+        if rnd == self.up + 1:
+            from flwr.app import Context
+
+            ctx = self.contexts[self.old_id]
+            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
+                                                 state=ctx.state, run_config=ctx.run_config)
+            self.partition_of_node[self.new_id] = self.restart
+            self.node_ids = sorted([*self.node_ids, self.new_id])
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+        messages = list(messages)
+        self.sent.extend(messages)
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+@pytest.mark.parametrize("up", [1, 2])
+def test_a_restarted_node_takes_its_partitions_place(synth_rc, up):
+    # Prepare: 4 real clients on a ring; partition 1's node dies after round 1 and comes back
+    # on a new node id after round `up` (up = 1: at once; up = 2: one round away).
+    K, rc = 4, {**synth_rc, "mu": 2.0, "topology": "ring", "num-partitions": 4}
+    grid = _RestartingGrid(client_app, K, rc, restart=1, down=1, up=up)
+    strategy = build_strategy("drdsgd", rc)
+    snapshots: list[dict[int, list[np.ndarray]]] = []
+    strategy.add_round_callback(lambda rec: snapshots.append(
+        {p: [a.copy() for a in m] for p, m in strategy.state.models.items()}))
+    strategy.add_round_callback(lambda rec: grid.on_round(rec["round"] + 1))
+    # Execute
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=4, timeout=60, train_config=client_config(rc))
+    # Assert: the new node is partition 1 and got partition 1's own model θ_1 in its first training
+    assert strategy.partition(grid.new_id) == 1 and strategy.partition(grid.old_id) is None
+    first = next(m for m in grid.sent if m.metadata.message_type == "train.drdsgd"
+                 and int(m.metadata.dst_node_id) == grid.new_id)
+    assert int(first.content["config"]["server-round"]) == up + 1
+    before = snapshots[up - 1][1]  # θ_1 after round `up`
+    for k, a in zip(strategy.state.keys, before, strict=True):
+        np.testing.assert_array_equal(first.content["arrays"][k].numpy(), a)
+    # partition 1 trains and is evaluated again from then on; while it was away it is reported missing
+    assert [sorted(r["log_tilt_weight"]) for r in strategy.history][up:] == [["0", "1", "2", "3"]] * (4 - up)
+    assert [sorted(r["client_acc"]) for r in strategy.history][up:] == [["0", "1", "2", "3"]] * (4 - up)
+    assert [r["missing"] for r in strategy.history] == [{}] + [{"1": "node gone"}] * (up - 1) + [{}] * (4 - up)
+    assert strategy.state.order == [0, 1, 2, 3] and not any(r["failures"] for r in strategy.history)
+
+
+def test_a_device_silent_in_the_first_round_is_asked_its_partition_and_keeps_its_row(synth_rc):
+    # Prepare: partition 2 fails its first training, before the server has heard its partition id
+    K, rc = 4, {**synth_rc, "mu": 2.0, "topology": "ring", "num-partitions": 4}
+    grid = InProcessGrid(client_app, K, rc, faults={2: Fault("raise", message_types=("train",), rounds=(1,))})
+    strategy = build_strategy("drdsgd", rc)
+    init = initial_arrays(grid, rc, 60)
+    # Execute
+    strategy.start(grid, init, num_rounds=1, timeout=60, train_config=client_config(rc))
+    # Assert: the silent node was asked its partition, so the rows of W are partitions 0..3,
+    # and the failure is attributed to the real node
+    assert strategy.state.order == [0, 1, 2, 3]
+    assert strategy.partition(grid.node_ids[2]) == 2
+    assert [(f.phase, f.node_id) for f in strategy.failures] == [("train", grid.node_ids[2])]
+    assert sorted(strategy.history[-1]["log_tilt_weight"]) == ["0", "1", "3"]

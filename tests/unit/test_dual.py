@@ -16,8 +16,6 @@ from flowerdro.core.dual import (
     kl_divergence,
     kl_dro_value,
     kl_dro_weights,
-    scaffpd_dual_step,
-    scaffpd_extrapolate,
 )
 from flowerdro.experiments.references import solve_tightly
 
@@ -276,86 +274,6 @@ def test_drfa_prox_step_rejects_bad_input() -> None:
         drfa_prox_step(lam, v, 1, 0.1, "entropy", 1.0)
     with pytest.raises(ValueError, match="lam must lie on the probability simplex"):
         drfa_prox_step([1.0, 1.0], v, 1, 0.1, "l2", 1.0)
-
-
-# ------------------------------------------------------------------------ SCAFF-PD
-def test_scaffpd_extrapolate_hand_example() -> None:
-    np.testing.assert_allclose(scaffpd_extrapolate([1.0, 2.0], [0.0, 4.0], 0.5), [1.5, 1.0])
-    np.testing.assert_allclose(scaffpd_extrapolate([1.0, 2.0], [0.0, 4.0], 0.0), [1.0, 2.0])
-    with pytest.raises(ValueError, match=r"theta must be >= 0"):
-        scaffpd_extrapolate([1.0], [1.0], -0.1)
-    with pytest.raises(ValueError, match="loss_prev must have the same length as loss_now"):
-        scaffpd_extrapolate([1.0, 2.0], [1.0], 0.5)
-
-
-@pytest.mark.parametrize("objective", ["afl", "cvar", "chi2"])
-def test_scaffpd_dual_step_matches_cvxpy(objective) -> None:
-    # argmin_lam psi(lam) - <s, lam> + 1/(2 sigma) ||lam - lam_r||^2 over Lambda.
-    rng = np.random.default_rng({"afl": 18, "cvar": 19, "chi2": 20}[objective])
-    for k in range(N_RANDOM):
-        lam_r, s, _, _ = _random_case(rng, k)
-        n = lam_r.size
-        sigma = float(10 ** rng.uniform(-3, 1))
-        rho = float(10 ** rng.uniform(-2, 1)) if objective == "chi2" else 0.0
-        alpha = float(rng.uniform(0.05, 1.0)) if objective == "cvar" else None
-        ours = scaffpd_dual_step(lam_r, s, sigma, objective, rho=rho, alpha=alpha)
-
-        x = cp.Variable(n)
-        cons = [x >= 0, cp.sum(x) == 1]
-        if objective == "cvar":
-            cons.append(x <= 1.0 / (alpha * n))
-        psi = rho / (2 * n) * cp.sum_squares(n * x - 1) if objective == "chi2" else 0
-        _solve(cp.Problem(cp.Minimize(psi - s @ x + cp.sum_squares(x - lam_r) / (2 * sigma)), cons))
-
-        def neg_obj(z, s=s, lam_r=lam_r, sigma=sigma, rho=rho, n=n):
-            psi = rho / (2 * n) * np.sum((n * z - 1) ** 2)
-            return -(psi - s @ z + np.sum((z - lam_r) ** 2) / (2 * sigma))
-
-        _on_simplex(ours)
-        if objective == "cvar":
-            assert ours.max() <= 1.0 / (alpha * n) + CON_ATOL
-        _close_max(neg_obj(ours), neg_obj(x.value), ours, x.value)
-
-
-def test_scaffpd_dual_step_special_cases() -> None:
-    rng = np.random.default_rng(21)
-    for k in range(N_RANDOM):
-        lam, s, _, _ = _random_case(rng, k)
-        n = lam.size
-        afl = scaffpd_dual_step(lam, s, 0.3, "afl")
-        # chi2 with rho = 0 is AFL; CVaR with alpha = 1/N has cap 1, i.e. AFL too.
-        np.testing.assert_array_equal(scaffpd_dual_step(lam, s, 0.3, "chi2", rho=0.0), afl)
-        np.testing.assert_allclose(scaffpd_dual_step(lam, s, 0.3, "cvar", alpha=1.0 / n), afl)
-        # CVaR with alpha = 1: the set is {uniform}.
-        np.testing.assert_allclose(
-            scaffpd_dual_step(lam, s, 0.3, "cvar", alpha=1.0), np.full(n, 1.0 / n)
-        )
-        # AFL step is the DRFA ascent with tau gamma = sigma.
-        np.testing.assert_allclose(afl, drfa_dual_ascent(lam, s, 1, 0.3), atol=1e-15)
-    # By hand: (0.5, 0.5) + 0.2 (1, 0) = (0.6, 0.5) -> (0.55, 0.45).
-    np.testing.assert_allclose(scaffpd_dual_step([0.5, 0.5], [1.0, 0.0], 0.1, "afl"), [0.55, 0.45])
-    # chi2, N = 2, sigma = rho = 1: (y + 1)/3 with y = (1.5, 0.5) -> (5/6, 1/2) -> (2/3, 1/3).
-    np.testing.assert_allclose(
-        scaffpd_dual_step([0.5, 0.5], [1.0, 0.0], 1.0, "chi2", rho=1.0), [2 / 3, 1 / 3]
-    )
-
-
-def test_scaffpd_dual_step_rejects_bad_input() -> None:
-    lam, s = [0.5, 0.5], [1.0, 0.0]
-    with pytest.raises(ValueError, match=r"objective must be one of 'chi2', 'afl', 'cvar'"):
-        scaffpd_dual_step(lam, s, 0.1, "kl")
-    with pytest.raises(ValueError, match=r"sigma must be > 0"):
-        scaffpd_dual_step(lam, s, 0.0, "afl")
-    with pytest.raises(ValueError, match=r"rho must be >= 0"):
-        scaffpd_dual_step(lam, s, 0.1, "chi2", rho=-1.0)
-    with pytest.raises(ValueError, match=r"alpha must be given for objective='cvar'"):
-        scaffpd_dual_step(lam, s, 0.1, "cvar")
-    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\]"):
-        scaffpd_dual_step(lam, s, 0.1, "cvar", alpha=1.5)
-    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\]"):
-        scaffpd_dual_step(lam, s, 0.1, "cvar", alpha=0.0)
-    with pytest.raises(ValueError, match="s must have the same length as lam"):
-        scaffpd_dual_step(lam, [1.0, 2.0, 3.0], 0.1, "afl")
 
 
 # ---------------------------------------------------------------- KL-regularised DRO

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from flowerdro.core.mgda import min_norm_weights
+from flowerdro.core.mgda_step import fedmgda_server_step
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.baselines import FedAvgBaseline
-from flowerdro.strategies.fedmgda import FedMGDA, fedmgda_server_step, improved_fraction
+from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA, improved_fraction
 
 
 def _record(w: np.ndarray, b: np.ndarray, n: int = 0) -> ArrayRecord:
@@ -34,9 +36,10 @@ def _flat(rec: ArrayRecord, keys=("w", "b")) -> np.ndarray:
 GLOBAL = _record([1.0, 2.0, 3.0], [0.5], n=10)
 
 
-def _strategy(**kw) -> FedMGDA:
-    s = FedMGDA(**kw)
+def _strategy(normalize: bool = True, num_rounds: int | None = None, **kw) -> FedMGDA:
+    s = (FedMGDA if normalize else VanillaFedMGDA)(**kw)
     s.current_arrays = GLOBAL
+    s.state["num_rounds"] = num_rounds
     return s
 
 
@@ -187,10 +190,10 @@ def test_global_rate_decays_every_100_rounds():
 @pytest.mark.parametrize("kwargs,name", [
     ({"eps": -0.1}, "eps"), ({"eps": 1.5}, "eps"), ({"eps": float("nan")}, "eps"),
     ({"fraction_train": 0.0}, "fraction-train"), ({"fraction_train": 1.2}, "fraction-train"),
-    ({"lr_decay": 0.0}, "lr_decay"), ({"lr_decay": 1.1}, "lr_decay"),
-    ({"global_lr": 0.0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
-    ({"lambda_init": "random"}, "lambda_init"), ({"proximal_mu": -1.0}, "proximal_mu"),
-    ({"improvement_before": "x"}, "improvement_before"), ({"gram_precision": "float16"}, "gram_precision"),
+    ({"lr_decay": 0.0}, "lr-decay"), ({"lr_decay": 1.1}, "lr-decay"),
+    ({"global_lr": 0.0}, "global-lr"), ({"global_lr": -1.0}, "global-lr"),
+    ({"lambda_init": "random"}, "lambda-init"), ({"proximal_mu": -1.0}, "proximal-mu"),
+    ({"improvement_before": "x"}, "improvement-before"), ({"gram_precision": "float16"}, "gram-precision"),
 ])
 def test_construction_errors_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
@@ -209,9 +212,9 @@ def test_messages_of_the_family():
         def get_node_ids(self):
             return [11, 12, 13, 14]
     ensure_task_identity()
-    cfg = ConfigRecord({"lr": 0.01, "local-epochs": 2.0})
-    plus = build_strategy("fedmgda+", {"fraction-train": 0.5, "local-steps": 3, "batch-size": 10})
-    msgs = list(plus.configure_train(4, GLOBAL, cfg, _Grid()))
+    plus = build_strategy("fedmgda+", {"fraction-train": 0.5, "local-steps": 3, "batch-size": 10,
+                                       "proximal-mu": 0.3})
+    msgs = list(plus.configure_train(4, GLOBAL, ConfigRecord(), _Grid()))
     assert len(msgs) == 2 and {m.metadata.message_type for m in msgs} == {"train.sgd"}
     c = msgs[0].content["config"]
     assert c["local-steps"] == 3 and c["local-epochs"] == 0.0 and c["batch-size"] == 10
@@ -219,8 +222,10 @@ def test_messages_of_the_family():
     prox = build_strategy("mgda-prox", {"proximal-mu": 0.3, "local-epochs": 1})
     c = list(prox.configure_train(1, GLOBAL, ConfigRecord(), _Grid()))[0].content["config"]
     assert c["proximal-mu"] == 0.3 and c["local-epochs"] == 1.0
-    vanilla = build_strategy("fedmgda", {"eps": 0.3})
-    assert vanilla.eps is None and vanilla.normalize is False
+    vanilla = build_strategy("fedmgda", {"eps": 0.3, "global-lr": 0.5})
+    assert vanilla.config.eps is None and vanilla.normalize is False and vanilla.config.global_lr == 1.0
+    fedavg_n = build_strategy("fedavg-n", {"eps": 0.3, "lambda-init": "uniform"})
+    assert fedavg_n.config.eps == 0.0 and fedavg_n.config.lambda_init == "size" and fedavg_n.normalize
 
 
 def test_server_step_float32_model_matches_float64_reference():
@@ -231,15 +236,87 @@ def test_server_step_float32_model_matches_float64_reference():
     X = np.stack([np.concatenate([(a.astype(np.float64) - b).ravel() for a, b in zip(w, loc, strict=True)])
                   for loc in locs])
     U = X / np.linalg.norm(X, axis=1, keepdims=True)
-    from flowerdro.core.mgda import min_norm_weights
-
-    lam = min_norm_weights(U @ U.T, eps=1.0)
-    np.testing.assert_allclose(step.lam, lam, atol=1e-5)
-    ref = np.concatenate([a.ravel() for a in w]).astype(np.float64) - lam @ U
-    np.testing.assert_allclose(np.concatenate([a.ravel() for a in step.arrays]), ref, atol=1e-5)
+    G = U @ U.T
+    lam = min_norm_weights(G, eps=1.0)
+    # the float32 step's normalised Gram is off by δ ≤ 2u + 3√d·u per entry (storage rounding of
+    # the updates and one float32 sum of d = 620 terms), so its λ is within 2δ of the optimal
+    # value on G (plus the QP's 1e-8 + 1e-7·f), and its direction within √(that gap)
+    u, d = 2.0**-24, X.shape[1]
+    gap = 2 * (2 * u + 3 * np.sqrt(d) * u) + 2 * (1e-8 + 1e-7 * float(lam @ G @ lam))
+    assert step.lam @ G @ step.lam - lam @ G @ lam <= gap
+    w64 = np.concatenate([a.ravel() for a in w]).astype(np.float64)
+    new = np.concatenate([a.ravel() for a in step.arrays])
+    assert np.linalg.norm(new - (w64 - lam @ U)) <= np.sqrt(gap) + 3 * u * np.linalg.norm(w64)
     assert step.arrays[0].dtype == np.float32
 
 
 def test_improved_fraction():
     assert improved_fraction({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.5}) == 0.5
     assert improved_fraction({0: 1.0}, {1: 1.0}) is None
+
+
+def test_vanilla_fedmgda_two_orthogonal_updates_closed_form():
+    # Two orthogonal raw updates: min_λ ‖λ g_1 + (1 − λ) g_2‖² = λ²|g_1|² + (1 − λ)²|g_2|² is
+    # minimised at λ_1 = |g_2|²/(|g_1|² + |g_2|²); with η = 1 the step is the λ-average of the
+    # local models. |g_1| = 3, |g_2| = 4: λ = (16/25, 9/25).
+    g1, g2 = np.array([3.0, 0.0, 0.0, 0.0]), np.array([0.0, 0.0, 0.0, 4.0])
+    replies = [_reply(_record(_flat(GLOBAL)[:3] - g[:3], [0.5 - g[3]]), i) for i, g in enumerate((g1, g2))]
+    s = build_strategy("fedmgda", {"global-lr": 0.3})  # the variant fixes η = 1 and no box
+    s.current_arrays = GLOBAL
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert s.round_extras()["lambda"] == pytest.approx({"0": 16 / 25, "1": 9 / 25}, abs=1e-12)
+    d = 16 / 25 * g1 + 9 / 25 * g2  # = (48, 0, 0, 36)/25, ‖d‖ = 12/5
+    np.testing.assert_allclose(_flat(arrays), _flat(GLOBAL) - d, atol=1e-12)
+    assert metrics["direction_norm"] == pytest.approx(12 / 5, abs=1e-12)
+
+
+def test_batchnorm_buffers_are_averaged_not_stepped():
+    # A model with BatchNorm: weights/biases are updates, running_mean/running_var and the
+    # integer num_batches_tracked are buffers (docs/protocol.md). Two clients take one SGD step
+    # in train mode on different data, which moves both their parameters and their statistics.
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params = {k for k, _ in model.named_parameters()}
+    assert {k for k in start if k not in params} == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    locals_ = []
+    for i, shift in enumerate((0.0, 5.0)):
+        model.load_state_dict(start)
+        model.train()
+        x = torch.randn(16, 3) + shift
+        loss = model(x).square().mean() * (i + 1)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+        locals_.append({k: v.detach().clone().numpy() for k, v in model.state_dict().items()})
+    w = {k: v.numpy() for k, v in start.items()}
+    glob = ArrayRecord({k: Array(v) for k, v in w.items()})
+    replies = [_reply(ArrayRecord({k: Array(v) for k, v in loc.items()}), i) for i, loc in enumerate(locals_)]
+    s = build_strategy("fedmgda+", {"eps": 1.0, "global-lr": 0.5})
+    s.current_arrays = glob
+    arrays, _ = s.aggregate_train(1, replies)
+    # two normalised updates always give λ = (½, ½) (the midpoint of two unit vectors is the
+    # min-norm point of their segment), so d = (ĝ_1 + ĝ_2)/2 over the parameters only
+    assert s.round_extras()["lambda"] == pytest.approx({"0": 0.5, "1": 0.5}, abs=1e-9)
+    keys = [k for k in w if k in params]
+    gs = [np.concatenate([(w[k].astype(np.float64) - loc[k]).ravel() for k in keys]) for loc in locals_]
+    norms = [float(np.linalg.norm(g)) for g in gs]
+    # ‖g_i‖ from float32 updates and a float32 Gram sum of 26 terms: ≈ (1 + √26)u relative
+    assert [s.round_extras()["update_norms"][p] for p in ("0", "1")] == pytest.approx(norms, rel=1e-6)
+    d = 0.5 * (gs[0] / norms[0] + gs[1] / norms[1])
+    new = np.concatenate([arrays[k].numpy().ravel() for k in keys])
+    ref = np.concatenate([w[k].ravel() for k in keys]) - 0.5 * d
+    # float32 model with entries below 2: the stored update, the product and the new entry each
+    # round by u = 6e-8 relative, so 1e-6 (> 3u·2) bounds the difference from float64
+    assert np.abs(ref).max() < 2.0
+    np.testing.assert_allclose(new, ref, atol=1e-6)
+    for k in ("1.running_mean", "1.running_var"):
+        # the average is taken in float64 and stored in float32: one rounding, u = 6e-8 relative
+        np.testing.assert_allclose(arrays[k].numpy(), 0.5 * (locals_[0][k] + locals_[1][k]), rtol=1.2e-7)
+        assert not np.allclose(arrays[k].numpy(), w[k])  # the statistics did move
+    assert arrays["1.num_batches_tracked"].numpy().dtype == np.int64
+    assert int(arrays["1.num_batches_tracked"].numpy()) == 1

@@ -1,4 +1,4 @@
-"""Tests for flowerdro.core.graphs: topologies, Metropolis weights, ρ, gossip mixing."""
+"""Tests for flowerdro.core.graphs and flowerdro.core.gossip: topologies, Metropolis weights, ρ, mixing."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from flowerdro.core.graphs import (
-    TOPOLOGIES,
-    GraphSchedule,
+from flowerdro.core.gossip import (
+    average_models,
     consensus_distance,
     edges_used,
-    graph_for_iteration,
-    make_graph,
     metropolis_weights,
     mix,
     spectral_gap_rho,
 )
+from flowerdro.core.graphs import TOPOLOGIES, GraphSchedule, graph_for_iteration, make_graph
 
 # (topology, K, kwargs) covering every topology and several K.
 CASES = [
@@ -379,6 +377,7 @@ def test_mix_layered_equals_flat_and_keeps_dtype_and_input():
     flat = np.stack([np.concatenate([node[0].ravel(), node[1].ravel()]) for node in models])
     expected = W @ flat.astype(np.float64)
     got = np.stack([np.concatenate([node[0].ravel(), node[1].ravel()]) for node in out])
+    # float64 mixing, then one float32 rounding of values ≲ 4 (≤ 2.4e-7) for the float32 layer
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert out[0][0].dtype == np.float32 and out[0][0].shape == (2, 3)
     assert out[0][1].dtype == np.float64
@@ -466,3 +465,19 @@ def test_graph_for_iteration_errors():
         graph_for_iteration("ring", 5, 0, 0, "yes")
     with pytest.raises(ValueError, match="topology"):
         GraphSchedule("star", 5)
+
+
+def test_average_models_is_the_layerwise_mean_in_each_layers_dtype():
+    # two float32 nodes and an integer counter: mean (1, 3) and round((3 + 4) / 2) = round(3.5) = 4
+    models = [
+        [np.array([0.0, 2.0], dtype=np.float32), np.array(3, dtype=np.int64)],
+        [np.array([2.0, 4.0], dtype=np.float32), np.array(4, dtype=np.int64)],
+    ]
+    avg = average_models(models)
+    assert avg[0].dtype == np.float32 and avg[0].tolist() == [1.0, 3.0]
+    assert avg[1].dtype == np.int64 and int(avg[1]) == 4
+    # gossip with a doubly stochastic W leaves the average where it was
+    W = metropolis_weights(nx.path_graph(2))
+    np.testing.assert_array_equal(average_models(mix([m[:1] for m in models], W))[0], avg[0])
+    with pytest.raises(ValueError, match="at least one node"):
+        average_models([])

@@ -8,7 +8,6 @@ f(λ) − f* ≤ ∇f(λ)ᵀλ − min_{y∈P} ∇f(λ)ᵀy.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import cvxpy as cp
@@ -16,17 +15,14 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-import flowerdro.core.mgda as mgda_mod
-from flowerdro.core.mgda import (
-    fedmgda_lr,
-    gram_matrix,
-    mgda_direction,
-    min_norm_weights,
-    normalize_updates,
-)
+from flowerdro.core.mgda import fedmgda_lr, min_norm_weights, project_box_simplex
 
-REL = 1e-9
-ABS = 1e-12
+# The solver's accuracy contract: f(λ) − f* ≤ ABS·max(1, max G_ii) + REL·f. Clarabel stops at
+# a relative gap of 1e-12 on G / max G_ii, and the exact face solve that follows leaves only
+# the rounding of an m × m least-squares solve (≈ 1e-16·cond); the contract leaves four
+# orders of magnitude for ill-conditioned faces.
+REL = 1e-7
+ABS = 1e-8
 
 
 # --------------------------------------------------------------------------- helpers
@@ -179,8 +175,8 @@ def test_min_norm_weights_m100_against_cvxpy():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_rank_deficient_tight_box(seed):
-    # the benchmark case on which the old warm start cycled: m = 100 unit updates of rank
-    # m/10 with the box ε = 0.5/m around the uniform weights (and a tighter and a looser box)
+    # m = 100 unit updates of rank m/10 with the box ε = 0.5/m around the uniform weights
+    # (and a tighter and a looser box)
     rng = np.random.default_rng(200 + seed)
     V = _unit_rows(rng.standard_normal((100, 10)))
     G = V @ V.T
@@ -216,18 +212,6 @@ def test_origin_in_hull_gives_zero(eps):
     assert np.max(np.abs(lam @ V)) <= 1e-7
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("eps", [None, 0.01, 0.5])
-def test_exact_finish_alone_matches_cvxpy(kind, eps, monkeypatch):
-    # switch the primal-dual warm start off: the inertia-controlling active-set method then
-    # solves every problem from a vertex on its own
-    monkeypatch.setattr(mgda_mod, "_PDAS_MAX_ITER", 0)
-    rng = np.random.default_rng([KINDS.index(kind), 99])
-    G = _make_gram(kind, 16, rng)
-    _check_solution(G, eps, rng.dirichlet(np.full(16, 2.0)))
-    _check_solution(G, eps, None)
-
-
 def _random_instance(seed: int):
     """A random (G, ε, centre) from a mix of full-rank, duplicated, low-rank, opposite and
     zero, ill-conditioned, near-duplicate and integer-grid (exact ties) update sets."""
@@ -258,13 +242,9 @@ def _random_instance(seed: int):
     return V @ V.T, eps, center
 
 
-@pytest.mark.parametrize("pdas", [True, False])
-def test_random_instances_certified_by_frank_wolfe_gap(pdas, monkeypatch):
+def test_random_instances_certified_by_frank_wolfe_gap():
     # many random instances, each certified independently of any QP solver: feasibility,
-    # the Frank-Wolfe duality gap (an LP over the box-simplex, HiGHS) and determinism;
-    # without the primal-dual pass the exact finish solves each one from a vertex
-    if not pdas:
-        monkeypatch.setattr(mgda_mod, "_PDAS_MAX_ITER", 0)
+    # the Frank-Wolfe duality gap (an LP over the box-simplex, HiGHS) and determinism
     for seed in range(60):
         G, eps, center = _random_instance(1000 + seed)
         m = G.shape[0]
@@ -276,25 +256,6 @@ def test_random_instances_certified_by_frank_wolfe_gap(pdas, monkeypatch):
         f = float(lam @ G @ lam)
         assert _fw_gap(G, lam, lo, hi) <= REL * abs(f) + ABS * scale, seed
         assert np.array_equal(lam, min_norm_weights(G, eps, center)), seed
-
-
-@pytest.mark.parametrize("kind", ["rank2", "duplicated", "opposite", "adversarial"])
-@pytest.mark.parametrize("eps", [None, 0.01])
-def test_bland_restart_rule_reaches_the_same_optimum(kind, eps):
-    # the restart path (first violated multiplier instead of the most violated one) is
-    # exact on its own: it ends at a KKT point with the optimal value
-    rng = np.random.default_rng([KINDS.index(kind), 7])
-    m = 14
-    G = _make_gram(kind, m, rng)
-    H = G / np.max(np.diag(G))
-    c, lo, hi = _bounds(m, eps, None)
-    hi = np.where(hi >= 1.0, np.inf, hi)
-    x, state = mgda_mod._lmo_vertex(H @ c, lo, hi)
-    assert mgda_mod._active_set(H, H + 1.0, lo, hi, x, state, bland=True)
-    assert abs(x.sum() - 1.0) <= 1e-12 and np.all(x >= lo) and np.all(x <= hi)
-    assert mgda_mod._kkt_error(H, x, state) <= 1e-12
-    lam = min_norm_weights(G, eps)
-    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-13)
 
 
 def test_opposite_gradients_reach_zero():
@@ -370,120 +331,6 @@ def test_min_norm_weights_errors_name_parameter(kwargs, name):
         min_norm_weights(**kwargs)
 
 
-# --------------------------------------------------------------------------- updates
-def _layered(rng, m, with_int=True):
-    ups = []
-    for _ in range(m):
-        u = [
-            rng.standard_normal((3, 4)).astype(np.float32),
-            rng.standard_normal(5),
-        ]
-        if with_int:
-            u.append(np.array(int(rng.integers(0, 10)), dtype=np.int64))
-        ups.append(u)
-    return ups
-
-
-def test_gram_matrix_layers_and_matrix():
-    rng = np.random.default_rng(0)
-    ups = _layered(rng, 4)
-    X = np.stack([np.concatenate([u[0].astype(np.float64).ravel(), u[1].ravel()]) for u in ups])
-    expected = X @ X.T
-    np.testing.assert_allclose(gram_matrix(ups), expected, rtol=1e-12)
-    np.testing.assert_allclose(gram_matrix(X), expected, rtol=1e-13)
-    np.testing.assert_allclose(gram_matrix(X, backend="torch"), expected, rtol=1e-12)
-    G = gram_matrix(ups)
-    np.testing.assert_array_equal(G, G.T)
-    # float32 matrix input, accumulated in float64 column blocks
-    X32 = X.astype(np.float32)
-    np.testing.assert_allclose(
-        gram_matrix(X32), X32.astype(np.float64) @ X32.astype(np.float64).T, rtol=1e-12
-    )
-
-
-def test_gram_matrix_errors():
-    with pytest.raises(ValueError, match="^updates:"):
-        gram_matrix([])
-    with pytest.raises(ValueError, match="^updates:"):
-        gram_matrix([[np.ones(3)], [np.ones(4)]])
-    with pytest.raises(ValueError, match="^float_mask:"):
-        gram_matrix([[np.ones(3)]], float_mask=[True, False])
-    with pytest.raises(ValueError, match="^backend:"):
-        gram_matrix(np.ones((2, 2)), backend="jax")
-
-
-def test_normalize_updates_leaves_integers_and_zero_updates():
-    rng = np.random.default_rng(1)
-    ups = _layered(rng, 3)
-    ups[1] = [np.zeros((3, 4), np.float32), np.zeros(5), np.array(7, dtype=np.int64)]
-    out, norms = normalize_updates(ups)
-    for u, o, n in zip(ups, out, norms, strict=True):
-        expected_n = np.sqrt(
-            np.sum(u[0].astype(np.float64) ** 2) + np.sum(u[1] ** 2)
-        )  # integer layer not counted
-        assert n == pytest.approx(expected_n, rel=1e-12)
-        assert o[2] is u[2]  # untouched, same object
-        assert o[0].dtype == np.float32 and o[1].dtype == np.float64
-        assert all(np.all(np.isfinite(a)) for a in o)
-        if n > 0:
-            total = np.sum(o[0].astype(np.float64) ** 2) + np.sum(o[1] ** 2)
-            assert total == pytest.approx(1.0, rel=1e-6)
-    assert norms[1] == 0.0
-    assert np.all(out[1][0] == 0) and np.all(out[1][1] == 0)
-    # 2-D input
-    X = np.array([[3.0, 4.0], [0.0, 0.0]])
-    Xn, n2 = normalize_updates(X)
-    np.testing.assert_allclose(Xn, [[0.6, 0.8], [0.0, 0.0]])
-    np.testing.assert_allclose(n2, [5.0, 0.0])
-
-
-def test_normalize_updates_float_mask_and_errors():
-    u = [[np.array([3.0, 4.0]), np.array([100.0])]]
-    out, n = normalize_updates(u, float_mask=[True, False])
-    assert n[0] == 5.0 and out[0][1] is u[0][1]
-    np.testing.assert_allclose(out[0][0], [0.6, 0.8])
-    with pytest.raises(ValueError, match="^updates:"):
-        normalize_updates([[np.array([np.nan])]])
-    with pytest.raises(ValueError, match="^float_mask:"):
-        normalize_updates(np.ones((2, 2)), float_mask=[True])
-
-
-def test_mgda_direction_matches_manual_computation():
-    rng = np.random.default_rng(5)
-    ups = _layered(rng, 6)
-    eps, center = 0.1, rng.dirichlet(np.ones(6))
-    # Execute
-    d, lam = mgda_direction(ups, eps=eps, center=center)
-    # Assert: independent recomputation
-    flat = np.stack([np.concatenate([u[0].astype(np.float64).ravel(), u[1].ravel()]) for u in ups])
-    unit = flat / np.linalg.norm(flat, axis=1, keepdims=True)
-    G = unit @ unit.T
-    np.testing.assert_allclose(lam, min_norm_weights(G, eps, center), atol=1e-10)
-    _check_solution(G, eps, center)
-    expected = lam @ unit
-    np.testing.assert_allclose(d[0].ravel(), expected[:12], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(d[1], expected[12:], rtol=1e-10, atol=1e-12)
-    assert d[0].dtype == np.float32 and d[0].shape == (3, 4)
-    assert d[2].dtype == np.int64
-    assert d[2] == np.rint(sum(li * u[2] for li, u in zip(lam, ups, strict=True)))
-
-
-def test_mgda_direction_matrix_input_and_no_normalize():
-    X = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
-    d, lam = mgda_direction(X[:2])
-    np.testing.assert_allclose(lam, [0.5, 0.5], atol=1e-14)
-    np.testing.assert_allclose(d, [0.5, 0.5], atol=1e-14)
-    d, lam = mgda_direction(X[:2], normalize=False)
-    np.testing.assert_allclose(lam, [0.2, 0.8], atol=1e-14)  # closed form 1/(4+1), 4/(4+1)
-    np.testing.assert_allclose(d, [0.4, 0.8], atol=1e-14)
-    d, lam = mgda_direction(X)  # a zero update: the min-norm point is 0
-    np.testing.assert_allclose(d, 0.0, atol=1e-14)
-    assert np.all(np.isfinite(lam))
-    with pytest.raises(ValueError, match="^normalize:"):
-        mgda_direction(X, normalize="yes")
-
-
-# --------------------------------------------------------------------------- learning rate
 def test_fedmgda_lr():
     beta = 0.1 ** (100 / 1000)
     assert fedmgda_lr(0, 1000, 0.1) == 1.0
@@ -502,86 +349,16 @@ def test_fedmgda_lr():
             fedmgda_lr(**kwargs)
 
 
-# =========================================================================== fast paths
-# The internal fast paths of the solver, each against the slower code it replaces (the
-# general ratio test, the unpivoted-then-pivoted face factorisation, the full symmetry
-# check) and, end to end, against cvxpy and the Frank-Wolfe certificate on the inputs that
-# reach them: near-ties, boxes at their limits (ε = 0, 1e-12, 1), m = 1 and 2, tight boxes
-# on low-rank Gram matrices (where a freeing step runs a coordinate across its whole box).
-
-
-# --------------------------------------------------------------------------- ratio test
-@pytest.mark.parametrize("seed", range(40))
-def test_fast_ratio_test_equals_general_one(seed):
-    # Prepare: free coordinates inside, on and (by rounding) just outside their boxes,
-    # zero and non-zero directions, infinite upper bounds
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 9))
-    lo = rng.uniform(0.0, 0.1, n)
-    hi = np.where(rng.random(n) < 0.3, np.inf, lo + rng.uniform(0.0, 0.1, n))
-    x = np.clip(rng.uniform(-0.05, 0.25, n), lo, np.where(np.isfinite(hi), hi, 1.0))
-    pick = rng.random(n)
-    x = np.where(pick < 0.2, lo, x)
-    x = np.where((pick > 0.8) & np.isfinite(hi), hi, x)
-    if rng.random() < 0.3:  # rounding-size excursions outside the box
-        k = int(rng.integers(0, n))
-        x[k] = lo[k] - 1e-17 if rng.random() < 0.5 else x[k] + 1e-17
-    p = rng.standard_normal(n)
-    p[rng.random(n) < 0.3] = 0.0
-    # Execute
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fast = mgda_mod._ratio_fast(x, p, lo, hi)
-    slow = mgda_mod._ratio_test(x, p, lo, hi)
-    # Assert: same step length and same blocking position
-    assert fast == slow
-
-
-# --------------------------------------------------------------------------- face factor
-@pytest.mark.parametrize("rank", [2, 5, 12])
-def test_pivoted_face_factor_matches_the_default_path(rank):
-    # Prepare: duplicated rows make Ĥ_FF singular; the PDAS pass asks for the pivoted
-    # factorisation directly once a face was singular
-    rng = np.random.default_rng(rank)
-    V = _unit_rows(rng.standard_normal((rank, rank + 3)))  # affinely independent rows
-    V = np.concatenate([V, V[: rank // 2 + 1]])
-    H = V @ V.T
-    Hh = H + 1.0
-    fi = np.arange(H.shape[0])
-    # Execute
-    L1, ind1, dep1 = mgda_mod._face_factor(Hh, fi)
-    L2, ind2, dep2 = mgda_mod._face_factor(Hh, fi, pivoted=True)
-    # Assert: the same independent/dependent split and a valid factor of Ĥ on ind
-    assert np.array_equal(ind1, ind2) and np.array_equal(dep1, dep2)
-    assert dep1.size == rank // 2 + 1
-    Lt = np.tril(L2)
-    np.testing.assert_allclose(Lt @ Lt.T, Hh[np.ix_(ind2, ind2)], atol=1e-12)
-
-
-def test_face_factor_pivoted_on_a_regular_face_keeps_every_index():
-    rng = np.random.default_rng(0)
-    V = _unit_rows(rng.standard_normal((8, 20)))
-    Hh = V @ V.T + 1.0
-    L, ind, dep = mgda_mod._face_factor(Hh, np.arange(8), pivoted=True)
-    assert dep.size == 0 and sorted(ind.tolist()) == list(range(8))
-    Lt = np.tril(L)
-    np.testing.assert_allclose(Lt @ Lt.T, Hh[np.ix_(ind, ind)], atol=1e-12)
-
-
-# --------------------------------------------------------------------------- validation
-def test_nearly_symmetric_gram_is_symmetrised_and_exact_one_is_copied():
+def test_nearly_symmetric_gram_is_symmetrised_and_left_untouched():
     rng = np.random.default_rng(1)
     V = _unit_rows(rng.standard_normal((6, 4)))
     G = V @ V.T
     Gs = G.copy()
     Gs[0, 1] += 1e-12  # inside the 1e-8 relative tolerance
-    out = mgda_mod._validate_gram(Gs)
-    assert np.array_equal(out, out.T)
-    assert out[0, 1] == pytest.approx(G[0, 1] + 0.5e-12, abs=1e-16)
-    exact = mgda_mod._validate_gram(G)
-    assert np.array_equal(exact, G) and exact is not G  # a copy: the solver scales it
-    lam = min_norm_weights(G)
+    lam = _check_solution(G, None, None)
+    near = min_norm_weights(Gs)  # G has rank 4 < m = 6: λ* need not be unique, f* is
+    assert near @ G @ near == pytest.approx(lam @ G @ lam, rel=REL, abs=ABS)
     assert np.array_equal(G, V @ V.T)  # the caller's matrix is left untouched
-    assert abs(lam.sum() - 1.0) <= 1e-12
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -592,7 +369,6 @@ def test_non_finite_gram_is_rejected(bad):
         min_norm_weights(G)
 
 
-# --------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("eps", [None, 0.0, 1e-12, 0.3, 1.0])
 def test_tiny_problems(m, eps):
@@ -617,8 +393,8 @@ def test_box_at_its_limits(eps):
     lam = _check_solution(G, eps, center)
     assert np.max(np.abs(lam - center)) <= eps + 1e-15
     if eps == 1.0:
-        np.testing.assert_allclose(lam @ G @ lam, (lambda x: x @ G @ x)(min_norm_weights(G)),
-                                   rtol=1e-9, atol=1e-15)
+        free = min_norm_weights(G)
+        assert lam @ G @ lam == pytest.approx(free @ G @ free, rel=REL, abs=ABS)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -634,86 +410,23 @@ def test_near_ties(seed):
         _check_solution(W @ W.T, eps, rng.dirichlet(np.ones(25)))
 
 
-@pytest.mark.parametrize("seed", [0, 2, 3])
-def test_tight_box_low_rank_crosses_boxes(seed, monkeypatch):
-    # rank-3 updates, a random centre and the box ε = 2/m: the exact finish (primal-dual
-    # pass off) frees coordinates that run across their whole box to the other bound (on
-    # these seeds; the spy checks the path is exercised) and stays at the face minimiser;
-    # the answer is certified by cvxpy and the Frank-Wolfe gap
-    monkeypatch.setattr(mgda_mod, "_PDAS_MAX_ITER", 0)
-    crossed = []
-    orig = mgda_mod._to_bound
-
-    def spy(x, state, i, up, lo, hi):
-        if state[i] != 0.0:  # a bound coordinate sent to its other bound: a box crossing
-            crossed.append(i)
-        orig(x, state, i, up, lo, hi)
-
-    monkeypatch.setattr(mgda_mod, "_to_bound", spy)
-    rng = np.random.default_rng(40 + seed)
-    m = 40
-    V = _unit_rows(rng.standard_normal((m, 3)))
-    G = V @ V.T
-    # a centre with spread so that some coordinates have a box much smaller than others
-    center = rng.dirichlet(np.full(m, 1.0))
-    eps = 2.0 / m
-    lam = _check_solution(G, eps, center)
-    c, lo, hi = _bounds(m, eps, center)
-    assert _fw_gap(G, lam, lo, hi) <= 1e-12
-    assert crossed  # at least one freeing step ran across a whole box
-
-
-# --------------------------------------------------------------------------- low-rank pass
 def _low_rank_gram(seed: int, m: int, r: int) -> np.ndarray:
     V = _unit_rows(np.random.default_rng(seed).standard_normal((m, r)))
     return V @ V.T
 
 
-@pytest.mark.parametrize("m, r", [(100, 10), (60, 5), (40, 2), (100, 30)])
-@pytest.mark.parametrize("eps", [None, 0.5, 1.0])
-def test_low_rank_pass_is_exact(m, r, eps, monkeypatch):
-    # Prepare: m unit updates of rank r (m > r + 1: the origin is in the hull or close)
-    G = _low_rank_gram(m + r, m, r)
-    c, lo, hi = _bounds(m, eps, None)
-    hi = np.where(hi >= 1.0, np.inf, hi)
-    H = G / np.max(np.diag(G))
-    # Execute: the proximal pass alone
-    x, state, ok = mgda_mod._pdas_low_rank(H, H + 1.0, lo, hi, c)
-    # Assert: it finds the face, and its answer is feasible and passes the KKT check
-    assert ok
-    assert abs(x.sum() - 1.0) <= 1e-12 and np.all(x >= lo) and np.all(x <= hi)
-    assert mgda_mod._kkt_error(H, x, state) <= 1e-13
-    # end to end against cvxpy and Frank-Wolfe, and against the solver without this pass
-    lam = _check_solution(G, eps, None)
-    monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
-    monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
-    old = min_norm_weights(G, eps)
-    assert lam @ G @ lam == pytest.approx(old @ G @ old, rel=1e-9, abs=1e-13)
-
-
-@pytest.mark.parametrize("seed", [300, 301, 307])
-def test_low_rank_pass_on_tight_boxes(seed):
-    # the benchmark's hard case: rank m/10 and ε = 0.5/m. The proximal pass finds the face
-    # on some inputs (seed 301) and gives way on others, where its sets oscillate (seeds
-    # 300 and 307); either way the answer is exact, and a success passes the KKT check
-    m = 100
-    G = _low_rank_gram(seed, m, 10)
-    eps = 0.5 / m
-    c, lo, hi = _bounds(m, eps, None)
-    H = G / np.max(np.diag(G))
-    x, state, ok = mgda_mod._pdas_low_rank(H, H + 1.0, lo, hi, c)
-    assert ok == (seed == 301)
-    if ok:
-        assert mgda_mod._kkt_error(H, x, state) <= 1e-13
-        assert np.all(x >= lo) and np.all(x <= hi)
-    lam = _check_solution(G, eps, None)
-    if ok:
-        assert lam @ G @ lam == pytest.approx(x @ G @ x, rel=1e-9, abs=1e-15)
+@pytest.mark.parametrize("m, r", [(100, 10), (60, 5), (40, 2), (100, 30), (200, 20), (30, 29)])
+@pytest.mark.parametrize("eps_m", [None, 0.5, 2.0, 10.0])  # ε = eps_m / m
+def test_low_rank_gram_with_boxes(m, r, eps_m):
+    # m unit updates of rank r (the origin is in or near the hull), from no box down to the
+    # tight box ε = 0.5/m around the uniform weights
+    eps = None if eps_m is None else eps_m / m
+    _check_solution(_low_rank_gram(m + r, m, r), eps, None)
 
 
 @pytest.mark.parametrize("eps", [None, 0.0, 1e-12, 0.02, 1.0])
 @pytest.mark.parametrize("centered", [False, True])
-def test_low_rank_pass_with_ties_and_box_limits(eps, centered):
+def test_low_rank_with_ties_and_box_limits(eps, centered):
     # rank-2 integer updates (many exactly tied gradients and duplicated rows) at m = 30,
     # and the box at its limits; checked against cvxpy and the Frank-Wolfe certificate
     rng = np.random.default_rng([9, int(centered)])
@@ -723,321 +436,9 @@ def test_low_rank_pass_with_ties_and_box_limits(eps, centered):
     _check_solution(_low_rank_gram(5, 30, 3), eps, center)
 
 
-@contextlib.contextmanager
-def _dpotrf_shapes():
-    """Record the shape of every dpotrf call the solver makes (the low-rank passes make
-    one per iteration, of their k × k system)."""
-    real = mgda_mod.lapack
-    shapes: list[tuple[int, ...]] = []
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def dpotrf(self, *args, **kwargs):
-            shapes.append(args[0].shape)
-            return real.dpotrf(*args, **kwargs)
-
-    mgda_mod.lapack = Counting()
-    try:
-        yield shapes
-    finally:
-        mgda_mod.lapack = real
-
-
-# --------------------------------------------------------------------------- affine-minimum pass
-def _affine_inputs(G: np.ndarray, eps: float | None):
-    """The scaled problem and the pivoted factor of Ĥ that _pdas leaves for the pass."""
-    H, Hh, lo, hi, c = _scaled_problem(G, eps)
-    full: list = []
-    _x, _state, converged, singular = mgda_mod._pdas(H, Hh, lo, hi, c, full)
-    assert singular and not converged and len(full) == 1
-    return H, Hh, lo, hi, c, full
-
-
-def _affine_minimum(H: np.ndarray) -> float:
-    """min λᵀHλ over the affine hull Σλ = 1 (no bounds), from the bordered KKT system by
-    least squares (H is singular, so the system is; its minimum-norm solution is one)."""
-    m = H.shape[0]
-    K = np.zeros((m + 1, m + 1))
-    K[:m, :m] = 2.0 * H
-    K[:m, m] = K[m, :m] = 1.0
-    rhs = np.zeros(m + 1)
-    rhs[m] = 1.0
-    sol = np.linalg.lstsq(K, rhs, rcond=1e-12)[0]
-    return float(sol[:m] @ H @ sol[:m])
-
-
-@pytest.mark.parametrize("m, r, eps", [(100, 10, None), (100, 33, None), (60, 5, 0.5 / 60),
-                                       (100, 10, 0.005), (40, 4, None), (150, 20, 2.0 / 150)])
-def test_affine_pass_finds_the_nearest_optimum(m, r, eps):
-    # Prepare: low-rank problems whose affine minimum is attained in the box (seed 301 of
-    # the benchmark's hard case among them)
-    seed = 301 if (m, r) == (100, 10) else 17 * m + r
-    W = _unit_rows(np.random.default_rng(seed).standard_normal((m, r)))
-    G = W @ W.T
-    H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
-    # Execute
-    x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
-    # Assert: feasible, and the gradient Hλ is the same on every coordinate (no bound
-    # multiplier is needed), so λ is optimal; its value is the affine minimum
-    assert ok
-    assert abs(x.sum() - 1.0) <= 1e-13 and np.all(x >= lo) and np.all(x <= hi)
-    g = H @ x
-    assert float(g.max() - g.min()) <= 1e-13
-    assert x @ H @ x == pytest.approx(_affine_minimum(H), rel=1e-9, abs=1e-13)
-    lam = _check_solution(G, eps, None)  # the whole solver, against cvxpy and Frank-Wolfe
-    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-13)
-    # among the optimal points it is the one nearest to the centre c (cvxpy: the
-    # projection of c onto the optimal set {feasible λ : Wᵀλ = Wᵀλ*}, G = WWᵀ, λ* the
-    # solver's certified answer; Wᵀλ* is the same for every optimal λ*)
-    lam_c = cp.Variable(m)
-    hi_c = np.where(np.isinf(hi), 1.0, hi)
-    prob = cp.Problem(cp.Minimize(cp.sum_squares(lam_c - c)),
-                      [W.T @ lam_c == W.T @ lam, cp.sum(lam_c) == 1, lam_c >= lo, lam_c <= hi_c])
-    prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
-    assert np.linalg.norm(x - c) <= np.linalg.norm(lam_c.value - c) + 1e-9
-    np.testing.assert_allclose(x, lam_c.value, atol=1e-7)
-
-
-@pytest.mark.parametrize("seed, r, eps, rule", [(300, 10, 0.005, "Farkas"), (300, 50, None, "free count"),
-                                                (307, 10, 0.005, "later")])
-def test_affine_pass_gives_up_when_the_affine_minimum_is_out_of_reach(seed, r, eps, rule):
-    # Prepare: problems whose optimum has fewer free coordinates than the rank plus one
-    # (seeds 300 and 307 of the hard case, tight box ε = 0.5/m: 8 and 10 free), so no
-    # feasible λ attains the affine minimum; an LP confirms it
-    m = 100
-    G = _low_rank_gram(seed, m, r)
-    H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
-    V = mgda_mod._low_rank_factor(Hh, full[0])
-    t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
-    ustar = t / (t @ t)
-    lp = linprog(np.zeros(m), A_eq=V.T, b_eq=ustar, bounds=np.column_stack((lo, np.minimum(hi, 1.0))),
-                 method="highs")
-    assert lp.status == 2  # infeasible
-    # Execute: count the k × k Gram factorisations (one per iteration)
-    k = V.shape[1]
-    with _dpotrf_shapes() as sizes:
-        x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
-    # Assert: it reports failure; after its first iteration when the Farkas certificate
-    # (checked before the sets change, so every coordinate is still free) or the free
-    # count (< 1.6k) settles it; and the solver still returns the exact answer through the
-    # other passes
-    assert not ok
-    free = int(np.count_nonzero(state == 0.0))
-    if rule == "later":
-        assert 1 < len(sizes) <= mgda_mod._AFF_MAX_ITER and free < k
-    else:
-        assert sizes == [(k, k)]
-        assert free == (m if rule == "Farkas" else free) and (free < 1.6 * k) == (rule == "free count")
-    _check_solution(G, eps, None)
-
-
-def test_affine_pass_farkas_certificate_never_rejects_a_reachable_minimum():
-    # on 60 random low-rank box problems: whenever the pass gives up after one iteration
-    # with at least 1.6k coordinates free (so the Farkas certificate fired), an LP finds
-    # no feasible λ with V̂ᵀλ = u*; whenever it succeeds, the LP finds one
-    rng = np.random.default_rng(5)
-    fired = succeeded = 0
-    for _ in range(60):
-        m = int(rng.integers(20, 80))
-        r = int(rng.integers(2, m // 3))
-        eps = float(rng.choice([0.5, 1.0, 2.0, 5.0])) / m
-        G = _low_rank_gram(int(rng.integers(1 << 30)), m, r)
-        H, Hh, lo, hi, c, full = _affine_inputs(G, eps)
-        with _dpotrf_shapes() as grams:
-            x, state, ok = mgda_mod._affine_pass(H, Hh, lo, hi, c, full)
-        V = mgda_mod._low_rank_factor(Hh, full[0])
-        k = V.shape[1]
-        t = np.linalg.lstsq(V, np.ones(m), rcond=None)[0]
-        lp = linprog(np.zeros(m), A_eq=V.T, b_eq=t / (t @ t),
-                     bounds=np.column_stack((lo, np.where(np.isinf(hi), 1.0, hi))), method="highs")
-        if ok:
-            succeeded += 1
-            assert lp.status == 0
-        elif grams == [(k, k)] and np.count_nonzero(state == 0.0) >= 1.6 * k:
-            fired += 1
-            assert lp.status == 2
-    assert fired >= 5 and succeeded >= 5
-
-
-# --------------------------------------------------------------------------- interior-point pass
-def _scaled_problem(G: np.ndarray, eps: float | None, center: np.ndarray | None = None):
-    """The scaled problem exactly as min_norm_weights hands it to _solve_qp."""
-    m = G.shape[0]
-    c, lo, hi = _bounds(m, eps, center)
-    hi = np.where(hi >= 1.0, np.inf, hi)
-    H = G / np.max(np.diag(G))
-    return H, H + 1.0, lo, hi, c
-
-
-@pytest.mark.parametrize("m, r", [(100, 10), (60, 5), (40, 2), (100, 33), (200, 20), (30, 29)])
-@pytest.mark.parametrize("eps_m", [None, 0.5, 2.0, 10.0])  # ε = eps_m / m
-def test_ipm_pass_is_exact(m, r, eps_m):
-    # Prepare: m unit updates of rank r, with no box or boxes from tight (0.5/m) to loose
-    G = _low_rank_gram(7 * m + r, m, r)
-    eps = None if eps_m is None else eps_m / m
-    H, Hh, lo, hi, c = _scaled_problem(G, eps)
-    # Execute: the interior-point pass alone
-    x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
-    # Assert: it identifies the face; the face solution is feasible and passes the KKT
-    # check, and it has the objective of cvxpy and of the whole solver (Frank-Wolfe
-    # certificate inside _check_solution)
-    assert ok
-    total = mgda_mod._fix_sum(x, state, lo, hi)
-    assert abs(total - 1.0) <= 1e-13 and np.all(x >= lo) and np.all(x <= hi)
-    assert mgda_mod._kkt_error(H, x, state) <= 1e-13
-    lam = _check_solution(G, eps, None)
-    assert x @ H @ x == pytest.approx(lam @ H @ lam, rel=1e-9, abs=1e-15)
-
-
-@pytest.mark.parametrize("seed", [300, 301, 307, 308, 309])
-def test_ipm_pass_on_tight_boxes(seed, monkeypatch):
-    # the benchmark's hard case (rank m/10, ε = 0.5/m), on which the proximal pass gives
-    # way for seeds 300 and 307 (8 and 10 free coordinates at the optimum; on 301, 308 and
-    # 309 the origin is in the hull): the interior-point pass finds the face on every seed,
-    # in a number of iterations that does not depend on the face
-    m = 100
-    G = _low_rank_gram(seed, m, 10)
-    eps = 0.5 / m
-    H, Hh, lo, hi, c = _scaled_problem(G, eps)
-    with _dpotrf_shapes() as potrf:  # the interior-point iterations, one k × k Cholesky each
-        x, state, ok = mgda_mod._ipm_face(H, Hh, lo, hi)
-    assert ok
-    iterations = sum(1 for shape in potrf if shape == (11, 11))  # Ĥ has rank 10 + 1
-    assert 3 <= iterations <= 12
-    mgda_mod._fix_sum(x, state, lo, hi)
-    assert mgda_mod._kkt_error(H, x, state) <= 1e-13
-    # the same optimum as the solver without the interior-point pass (active-set finish)
-    lam = _check_solution(G, eps, None)
-    monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
-    monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
-    monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
-    old = min_norm_weights(G, eps)
-    assert lam @ G @ lam == pytest.approx(old @ G @ old, rel=1e-9, abs=1e-15)
-    assert x @ H @ x == pytest.approx(old @ H @ old, rel=1e-9, abs=1e-15)
-
-
-def test_pass_order(monkeypatch):
-    # the affine-minimum pass runs first (here made to fail); then, with an ε-box, the
-    # interior-point pass; without a box the proximal pass (and the other one only if it
-    # fails); below m = _IPM_FIRST_M only the proximal pass
-    calls = []
-    real_ipm, real_prox = mgda_mod._ipm_face, mgda_mod._pdas_low_rank
-
-    def affine(H, Hh, lo, hi, c, full):
-        calls.append("affine")
-        return c, np.zeros(H.shape[0]), False
-
-    def ipm(*args, **kwargs):
-        calls.append("ipm")
-        return real_ipm(*args, **kwargs)
-
-    def prox(*args, **kwargs):
-        calls.append("prox")
-        return real_prox(*args, **kwargs)
-
-    monkeypatch.setattr(mgda_mod, "_affine_pass", affine)
-    monkeypatch.setattr(mgda_mod, "_ipm_face", ipm)
-    monkeypatch.setattr(mgda_mod, "_pdas_low_rank", prox)
-    G = _low_rank_gram(301, 100, 10)
-    min_norm_weights(G, 0.005)
-    assert calls[:2] == ["affine", "ipm"]
-    calls.clear()
-    min_norm_weights(G, None)
-    assert calls[:2] == ["affine", "prox"]
-    calls.clear()
-    min_norm_weights(_low_rank_gram(5, 10, 3), 0.05)  # m = 10 < _IPM_FIRST_M
-    assert calls[:2] == ["affine", "prox"] and "ipm" not in calls
-    calls.clear()
-    min_norm_weights(_low_rank_gram(5, 250, 20), 0.5 / 250)  # m > 200: the affine pass only
-    assert calls == ["affine"]
-    # a box tight for the rank (Σ(hi − lo) ≤ 1 and rank ≥ 0.15 m): no affine attempt
-    calls.clear()
-    G3 = _low_rank_gram(3, 100, 33)
-    min_norm_weights(G3, 0.005)
-    assert calls[0] == "ipm" and "affine" not in calls
-    calls.clear()
-    min_norm_weights(G3, 0.006)  # Σ(hi − lo) = 1.2: it runs again
-    assert calls[0] == "affine"
-    calls.clear()
-    min_norm_weights(G3, None)
-    assert calls[0] == "affine"
-
-
-@pytest.mark.parametrize("failing", ["affine", "ipm", "all"])
-@pytest.mark.parametrize("seed", [300, 301])  # 301: the affine minimum is in the box
-def test_solver_is_exact_when_low_rank_passes_fail(failing, seed, monkeypatch):
-    # a pass that reports failure hands over to the next one and finally to the
-    # active-set method; the answer stays exact
-    G = _low_rank_gram(seed, 100, 10)
-    eps = 0.005
-    want = min_norm_weights(G, eps)
-
-    def fail(H, Hh, lo, hi, *rest):
-        return np.full(H.shape[0], 1.0 / H.shape[0]), np.zeros(H.shape[0]), False
-
-    if failing in ("affine", "all"):
-        monkeypatch.setattr(mgda_mod, "_affine_pass", fail)
-    if failing in ("ipm", "all"):
-        monkeypatch.setattr(mgda_mod, "_ipm_face", fail)
-    if failing == "all":
-        monkeypatch.setattr(mgda_mod, "_pdas_low_rank", lambda H, Hh, lo, hi, c: fail(H, Hh, lo, hi))
-    got = _check_solution(G, eps, None)
-    assert got @ G @ got == pytest.approx(want @ G @ want, rel=1e-9, abs=1e-15)
-
-
-def test_face_repair_corrects_a_wrong_guess_and_gives_up_on_a_bad_one():
-    # Prepare: the optimal face of the hard case (seed 300: 8 free coordinates; on some
-    # seeds the origin is in the hull and nearly every coordinate is free), then one and
-    # then many coordinates wrong
-    G = _low_rank_gram(300, 100, 10)
-    eps = 0.005
-    H, Hh, lo, hi, c = _scaled_problem(G, eps)
-    lam = min_norm_weights(G, eps)
-    opt = np.where(lam <= lo, -1.0, np.where(lam >= hi, 1.0, 0.0))
-    free = (opt == 0.0).nonzero()[0]
-    assert 2 <= free.size <= 11  # at most rank + 1 free coordinates
-    f_opt = float(lam @ H @ lam)
-    # Execute / Assert: the right face is solved in one go
-    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, opt, c)
-    assert ok and np.array_equal(st, opt)
-    assert x @ H @ x == pytest.approx(f_opt, rel=1e-12, abs=1e-18)
-    # the interior-point guess errs on coordinates whose multiplier is near zero: the
-    # bound coordinate nearest to the threshold guessed free leaves its box in the face
-    # solve and is sent back to its bound
-    g = H @ lam
-    gap = np.abs(g - g[free].mean())
-    near = min((i for i in range(100) if opt[i] != 0.0), key=lambda i: gap[i])
-    wrong = opt.copy()
-    wrong[near] = 0.0
-    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, wrong, c)
-    assert ok and np.array_equal(st, opt)
-    assert x @ H @ x == pytest.approx(f_opt, rel=1e-12, abs=1e-18)
-    # every coordinate at its other bound: more violations than corrections, no answer
-    x, st, ok = mgda_mod._face_repair(H, Hh, lo, hi, np.where(opt == 0.0, 0.0, -opt), c)
-    assert not ok
-
-
-def test_low_rank_factor_reuses_the_first_factorisation():
-    # _pdas factorises Ĥ with pivoting on its first (all-free) face; the interior-point
-    # pass reuses that factorisation instead of a second one, and both give V̂V̂ᵀ = Ĥ
-    G = _low_rank_gram(11, 50, 4)
-    H, Hh, lo, hi, c = _scaled_problem(G, 0.01)
-    full: list = []
-    mgda_mod._pdas(H, Hh, lo, hi, c, full)
-    assert len(full) == 1
-    V1 = mgda_mod._low_rank_factor(Hh, full[0])
-    V2 = mgda_mod._low_rank_factor(Hh)
-    assert V1.shape == (50, 5)  # rank 4 + the all-ones direction
-    np.testing.assert_allclose(V1 @ V1.T, Hh, atol=1e-12)
-    np.testing.assert_allclose(V1, V2, atol=0.0)
-
-
-def _stress_instance_91101():
-    # instance 91101 of the tight-box stress test (outside the repository): m = 72 unit
-    # updates of rank 33, a quarter of them exactly opposite to another quarter, ε = 5/m
-    # around a random centre; the origin is in the hull (optimal value 0)
+def test_tight_box_with_opposite_and_duplicated_updates():
+    # m = 72 unit updates of rank 33, a quarter of them exactly opposite to another quarter,
+    # ε = 5/m around a random centre with zeros: the origin is in the hull (optimal value 0)
     rng = np.random.default_rng(91101)
     m = int(rng.integers(20, 201))
     r = int(rng.integers(1, max(2, m // 2)))
@@ -1053,20 +454,26 @@ def _stress_instance_91101():
         if rng.random() < 0.3:
             center[rng.integers(0, m, max(1, m // 4))] = 0.0
             center /= center.sum()
-    return V @ V.T, eps, center
-
-
-@pytest.mark.parametrize("passes", ["on", "off"])
-def test_polish_never_makes_the_answer_infeasible(passes, monkeypatch):
-    # the active-set finish ended at a KKT point with Σλ = 1 exactly, and the final face
-    # re-solve (polish) clipped free coordinates that sit on their lower bound, leaving
-    # Σλ − 1 = 1.3e-13: min_norm_weights raised "KKT check failed ... feasible: False".
-    # The polished point now replaces the active-set answer only when it is no worse.
-    G, eps, center = _stress_instance_91101()
+    G = V @ V.T
     assert G.shape == (72, 72) and eps == pytest.approx(5.0 / 72)
-    if passes == "off":  # force the active-set path, where the failure was
-        monkeypatch.setattr(mgda_mod, "_IPM_MAX_ITER", 0)
-        monkeypatch.setattr(mgda_mod, "_REG_MAX_ITER", 0)
-        monkeypatch.setattr(mgda_mod, "_AFF_MAX_ITER", 0)
     lam = _check_solution(G, eps, center)
-    assert lam @ G @ lam <= 1e-12  # the origin is in the hull
+    assert lam @ G @ lam <= ABS
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_projection_onto_box_simplex_against_cvxpy(seed):
+    # the Euclidean projection onto {Σx = 1, lo ≤ x ≤ hi}, against cvxpy's; its bounds hold
+    # exactly and Σx = 1 to m ulps
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 40))
+    c = rng.dirichlet(np.ones(m))
+    eps = float(rng.choice([1e-3, 0.05, 0.3, 1.0]))
+    lo, hi = np.maximum(0.0, c - eps), np.minimum(1.0, c + eps)
+    y = c + rng.standard_normal(m) * float(rng.choice([1e-9, 0.1, 3.0]))
+    x = project_box_simplex(y, lo, hi)
+    assert np.all(x >= lo) and np.all(x <= hi) and abs(x.sum() - 1.0) <= m * 2.3e-16
+    z = cp.Variable(m)
+    cp.Problem(cp.Minimize(cp.sum_squares(z - y)), [cp.sum(z) == 1, z >= lo, z <= hi]).solve(
+        solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    # the projection is unique; Clarabel's answer is accurate to about √1e-12 = 1e-6·‖y‖ scale
+    np.testing.assert_allclose(x, z.value, atol=1e-6 * max(1.0, float(np.abs(y).max())))

@@ -45,6 +45,8 @@ def test_local_sgd_matches_manual_sgd(mu):
     model = build_model("logreg", (4,), 3, seed=1)
     expected = _manual_steps(build_model("logreg", (4,), 3, seed=1), data, 7, 0.3, 5, gen_seed=42, mu=mu)
     res = local_sgd(model, data, steps=7, lr=0.3, batch_size=5, generator=make_generator(42), proximal_mu=mu)
+    # float32, weights ≤ 0.3: 7 steps of a 4 × 3 model, each a few roundings of u ≈ 6e-8 per entry
+    # (the two paths differ ~3e-8); 1e-6 + 1e-5·|w| leaves room for other summation orders.
     torch.testing.assert_close(res.state["linear.weight"], expected[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(res.state["linear.bias"], expected[1], rtol=1e-5, atol=1e-6)
 
@@ -54,9 +56,9 @@ def test_loss_before_is_loss_of_received_model_and_snapshot_is_step_t():
     model = build_model("logreg", (4,), 3, seed=2)
     before, _ = evaluate_model(build_model("logreg", (4,), 3, seed=2), data.x_train, data.y_train)
     res = local_sgd(model, data, steps=6, lr=0.2, batch_size=4, generator=make_generator(9), snapshot_step=2)
-    assert res.loss_before == pytest.approx(before, rel=1e-6)
+    assert res.loss_before == pytest.approx(before, rel=1e-6)  # the same evaluate_model call on the same data
     snap = _manual_steps(build_model("logreg", (4,), 3, seed=2), data, 2, 0.2, 4, gen_seed=9)
-    torch.testing.assert_close(res.snapshot["linear.weight"], snap[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(res.snapshot["linear.weight"], snap[0], rtol=1e-5, atol=1e-6)  # as above, 2 steps
 
 
 def test_loss_before_on_batch_is_the_received_models_loss_on_the_first_minibatch():
@@ -67,6 +69,7 @@ def test_loss_before_on_batch_is_the_received_models_loss_on_the_first_minibatch
         expected = float(F.cross_entropy(received(data.x_train[idx]), data.y_train[idx]))
     res = local_sgd(build_model("logreg", (4,), 3, seed=3), data, steps=4, lr=0.2, batch_size=5,
                     generator=make_generator(11), loss_before_on="batch")
+    # the same float32 cross-entropy on the same 5 rows (bitwise equal here; 1e-6 ≈ 8 float32 ulps)
     assert res.loss_before == pytest.approx(expected, rel=1e-6)
     # the trained model does not depend on where the loss was measured
     full = local_sgd(build_model("logreg", (4,), 3, seed=3), data, steps=4, lr=0.2, batch_size=5,
@@ -95,6 +98,7 @@ def test_evaluate_accuracy_by_hand():
     loss, acc = evaluate_model(model, x, y)
     assert acc == 0.75
     expected = float(F.cross_entropy(x, y))
+    # float32 mean vs sum-then-divide of 4 positive terms: ≤ 4 roundings of u ≈ 6e-8 each
     assert loss == pytest.approx(expected, rel=1e-6)
 
 
