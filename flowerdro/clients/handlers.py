@@ -85,16 +85,37 @@ class ClientRuntime:
         x = self.data.x_train
         spec = (self.model_name, self.input_shape, self.num_classes, self.model_kwargs, str(x.device), x.dtype)
         models = _MODELS.__dict__.setdefault("by_spec", {})
-        model = models.get(spec)
-        if model is None:
-            model = models[spec] = self.new_model()
-        model.load_state_dict(_torch_state(arrays, x.device), strict=True)
+        entry = models.get(spec)
+        if entry is None:
+            model = self.new_model()
+            entry = models[spec] = (model, list(model.state_dict(keep_vars=True).items()))
+        model, slots = entry
+        if not _copy_into(slots, arrays):  # keys or shapes differ: load_state_dict names the mismatch
+            model.load_state_dict(_torch_state(arrays, x.device), strict=True)
         model.zero_grad(set_to_none=True)
         return model
 
 
 #: One reusable module per model spec and thread (see :meth:`ClientRuntime.model_from`).
 _MODELS = threading.local()
+
+
+def _copy_into(slots: list[tuple[str, torch.Tensor]], arrays: ArrayRecord) -> bool:
+    """Copy ``arrays`` into the module's parameters and buffers ``slots`` (its ``state_dict(keep_vars=True)``).
+
+    Does what ``load_state_dict`` does (``tensor.copy_(value)`` without autograd) when the
+    keys, in order, and the shapes match exactly, without its walk over the modules;
+    returns False, copying nothing, otherwise.
+    """
+    if list(arrays.keys()) != [k for k, _ in slots]:
+        return False
+    values = [array_view(arrays[k]) for k, _ in slots]
+    if any(tuple(v.shape) != tuple(t.shape) for v, (_, t) in zip(values, slots, strict=True)):
+        return False
+    with torch.no_grad():
+        for v, (_, t) in zip(values, slots, strict=True):
+            t.copy_(torch.from_numpy(np.array(v)))
+    return True
 
 
 def _torch_state(arrays: ArrayRecord, device: torch.device) -> dict[str, torch.Tensor]:
