@@ -1,15 +1,15 @@
 """Server overhead of one DRFA round without the clients: sampling, v and the λ step.
 
 Times, per round, exactly what :class:`flowerdro.strategies.drfa.DRFA` runs on the server
-besides messaging and model averaging:
+besides messaging and model averaging (the functions of :mod:`flowerdro.core.drfa`):
 
 1. D(s): m draws with probabilities λ (``sample_by_lambda``) and t′ (``sample_snapshot_steps``),
-   the distinct clients and the aggregation coefficients (``aggregation_coefficients``);
+   the distinct clients and the aggregation weights (``aggregation_weights``);
 2. U: m uniform draws (``sample_uniform``);
-3. v = (N/m)·f on U and the λ step (``dual_step``: ``drfa_loss_vector`` + projection, or the
+3. v = (N/m)·f on U and the λ step (``dual_step``: ``loss_vector`` + projection, or the
    prox step for each regulariser), with random losses.
 
-Target (issue 3): under 5 ms per round for N = 10,000 clients.
+Target: under 5 ms per round for N = 10,000 clients.
 
 Usage: ``python scripts/bench_drfa.py [--n 10000] [--m 100,1000] [--rounds 300]``
 """
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from flowerdro.strategies.drfa import (
-    aggregation_coefficients,
+from flowerdro.core.drfa import (
+    aggregation_weights,
     dual_step,
     sample_by_lambda,
     sample_snapshot_steps,
@@ -39,7 +39,7 @@ def one_round(rng: np.random.Generator, lam: np.ndarray, m: int, tau: int, regul
     draws = sample_by_lambda(rng, lam, m)
     distinct = np.unique(draws)
     sample_snapshot_steps(rng, tau, distinct.size)
-    aggregation_coefficients(draws, distinct.tolist(), lam)
+    aggregation_weights(draws, distinct.tolist(), lam)
     queried = sample_uniform(rng, n, m)
     losses = rng.uniform(0.1, 3.0, size=m)
     return dual_step(lam, queried, losses, tau=tau, gamma=8e-3, regularizer=regularizer, rho=0.1)

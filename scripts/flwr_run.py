@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--gpu-fraction", type=float, default=None,
                     help="GPU share per simulated client (default: 0.25 when CUDA is available, else 0)")
     ap.add_argument("--keep-superlink", action="store_true", help="leave the local SuperLink running")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the results of an earlier run in output-dir (the run config's overwrite = true)")
     args = ap.parse_args()
 
     env = os.environ.copy()
@@ -119,6 +121,8 @@ def main() -> int:
     if "output-dir" not in run_config:
         # The ServerApp runs in another working directory; give it an absolute path.
         run_config = (run_config + f" output-dir='{ROOT / 'results' / 'flwr-run'}'").strip()
+    if args.overwrite:
+        run_config += " overwrite=true"
     cmd += ["--run-config", run_config]
     status, code = "unknown", 1
     try:

@@ -20,7 +20,7 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.runs.driver import RunSettings
 from flowerdro.settings import Settings, check_known_keys
 from flowerdro.strategies.base import LoopSettings
-from flowerdro.strategies.registry import ALGORITHMS, legacy_keys
+from flowerdro.strategies.registry import ALGORITHMS
 
 __all__ = ["check_run_config", "known_keys", "settings_groups"]
 
@@ -43,7 +43,7 @@ def settings_groups() -> dict[str, list[type[Settings]]]:
 def known_keys() -> set[str]:
     """Every run-config key some settings class declares."""
     keys = {k for group in settings_groups().values() for cls in group for k in cls.keys()}
-    return keys | {"seed"} | legacy_keys()
+    return keys | {"seed"}
 
 
 def check_run_config(config: Mapping[str, Any], *, where: str = "run config") -> None:

@@ -1,7 +1,7 @@
 """Flower Message-API strategies.
 
 ``from flowerdro.strategies import build_strategy, strategy_names`` builds any registered
-strategy from a run config; the classes (``DRFA``, ``SCAFFPD``, ``SCAFFOLD``, ``DRDSGD``,
+strategy from a run config; the classes (``DRFA``, ``DRFAProx``, ``SCAFFPD``, ``SCAFFOLD``, ``DRDSGD``,
 ``FedRobust``, ``AdversarialTraining``, ``FedMGDA``, the Flower baselines) can also be
 built directly with their settings.
 """
@@ -14,10 +14,10 @@ from flowerdro.strategies.baselines import (
     QFedAvgBaseline,
 )
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
-from flowerdro.strategies.drfa import DRFA
+from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
-from flowerdro.strategies.registry import ALGORITHMS, build_strategy, register, strategy_names
+from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
 
@@ -25,6 +25,7 @@ __all__ = [
     "ALGORITHMS",
     "DRDSGD",
     "DRFA",
+    "DRFAProx",
     "DSGD",
     "SCAFFOLD",
     "SCAFFPD",
@@ -39,6 +40,5 @@ __all__ = [
     "QFedAvgBaseline",
     "RunFailedError",
     "build_strategy",
-    "register",
     "strategy_names",
 ]

@@ -23,23 +23,49 @@ def _on_simplex(lam: dict) -> bool:
     return bool(vals.min() >= 0 and abs(vals.sum() - 1) < 1e-9)
 
 
+def _project(y: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto the simplex by bisection on the shift θ of Σ_i max(y_i − θ, 0) = 1."""
+    lo, hi = y.min() - 1.0, y.max()
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.maximum(y - mid, 0.0).sum() > 1.0 else (lo, mid)
+    return np.maximum(y - (lo + hi) / 2, 0.0)
+
+
 def test_drfa_prox_and_afl_run_through_the_experiments_runner(tmp_path, synth_rc):
     rc = {**synth_rc, "clients-per-round": 3, "dual-lr": 0.05}
-    cfg = {"name": "drfa", "num-rounds": 3, "seeds": [0], "num-partitions": 5,
+    n, gamma, rho = 5, 0.05, 0.1
+    cfg = {"name": "drfa", "num-rounds": 3, "seeds": [0], "num-partitions": n,
            "strategies": ["drfa", "prox-kl", "prox-chi2", "prox-l2", "afl", "afl-full"], "run-config": rc,
-           "strategy": {f"prox-{g}": {"strategy": "drfa-prox", "regularizer": g, "rho": 0.1}
+           "strategy": {f"prox-{g}": {"strategy": "drfa-prox", "regularizer": g, "rho": rho}
                         for g in ("kl", "chi2", "l2")}}
     res = run(cfg, output_root=tmp_path, verbose=False)
     for label, runs in res.histories.items():
-        hist = runs[0]
+        hist, strategy = runs[0], res.strategies[label][0]
         assert [r["round"] for r in hist] == [1, 2, 3], label
         assert all(_on_simplex(r["lambda"]) and sorted(r["lambda"]) == list("01234") for r in hist), label
         assert all(r["dual_step"].endswith("losses") for r in hist), label
-        assert np.all(np.isfinite(_flat(res.final_arrays[label][0]))), label
-        assert res.strategies[label][0].settings()["regularizer"] == (label[5:] if "prox" in label else "none")
-    # AFL is τ = 1 whatever the shared run config says
-    assert res.strategies["afl"][0].local_steps == 1
-    assert len(res.histories["afl-full"][0][0]["sampled"]) == 5
+        assert strategy.regularizer() == ((label[5:], rho) if "prox" in label else ("none", 0.0))
+        # λ after round 1 from the losses the round recorded: v_i = (N/m) Σ_{k∈U} 1[k=i] f_i,
+        # y = 1/N + γτv, then the step of each variant in closed form
+        tau = 1 if label.startswith("afl") else synth_rc["local-steps"]
+        queried, f = hist[0]["queried"], hist[0]["query_loss"]
+        v = np.zeros(n)
+        for i in queried:
+            v[i] += f[str(i)] * n / len(queried)
+        y, kappa = 1 / n + gamma * tau * v, gamma * tau * rho
+        lam = np.array([hist[0]["lambda"][str(i)] for i in range(n)])
+        if label == "prox-kl":  # stationarity: κ(log(N u_i) + 1) + u_i − y_i is the same for every i
+            resid = kappa * (np.log(n * lam) + 1) + lam - y
+            assert np.ptp(resid) < 1e-12, resid  # float64 roundings of terms of size ≤ 1
+        else:
+            expected = {"prox-l2": _project((y + kappa / n) / (1 + kappa)),
+                        "prox-chi2": _project((y + kappa) / (1 + kappa * n))}.get(label, _project(y))
+            np.testing.assert_allclose(lam, expected, rtol=0, atol=1e-12)  # bisection to float64 resolution
+    # AFL is τ = 1 whatever the shared run config says; afl-full queries every client once
+    assert res.strategies["afl"][0].training.local_steps == 1
+    assert sorted(res.histories["afl-full"][0][0]["sampled"]) == list(range(n))
+    assert sorted(res.histories["afl-full"][0][0]["queried"]) == list(range(n))
     recs = [json.loads(x) for x in (tmp_path / "drfa" / "drfa" / "seed0" / "rounds.jsonl").read_text().splitlines()]
     assert set(recs[-1]["lambda"]) == set("01234") and "lambda_entropy" in recs[-1]
 
@@ -89,12 +115,13 @@ def test_client_drawn_twice_is_counted_twice_in_the_aggregate(synth_rc):
     sampled = st.history[0]["sampled"]
     assert len(sampled) == 7 and len(set(sampled)) < 7
     expected = np.mean([replies[p] for p in sampled], axis=0)
-    np.testing.assert_allclose(_flat(res.arrays), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_flat(res.arrays), expected, rtol=1e-5, atol=1e-6)  # float32 models (eps 1.2e-7), 7 draws
 
 
 def test_client_failing_in_train_phase_is_dropped_and_round_completes(synth_rc):
     grid = InProcessGrid(client_app, 4, synth_rc, faults={2: Fault("raise", message_types=("train",))})
-    st = build_strategy("drfa", {**synth_rc, "clients-per-round": 6, "num-partitions": 4})
+    # a γ small enough that λ does not settle on the failing client (no round without any reply)
+    st = build_strategy("drfa", {**synth_rc, "clients-per-round": 6, "num-partitions": 4, "dual-lr": 8e-3})
     init = initial_arrays(grid, synth_rc, 60)
     st.start(grid, init, num_rounds=3, timeout=60, train_config=client_config(synth_rc))
     hit = [r for r in st.history if 2 in r["sampled"]]
@@ -113,8 +140,11 @@ def test_client_failing_in_query_phase_is_dropped_and_round_completes(synth_rc):
     # keeps it in the draws so that its training replies are seen to be used.
     st = build_strategy("drfa", {**synth_rc, "clients-per-round": 6, "num-partitions": 4, "lambda-floor": 0.2})
     init = initial_arrays(grid, synth_rc, 60)
-    res = st.start(grid, init, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
-    assert len(st.history) == 5 and np.all(np.isfinite(_flat(res.arrays)))
+    st.start(grid, init, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
+    assert len(st.history) == 5
+    # partition 1's loss is never seen (v_1 = 0 every round): it only loses weight and sits at the floor
+    assert all(r["lambda"]["1"] == pytest.approx(0.2, abs=1e-12) for r in st.history)
+    assert all(min(r["lambda"].values()) >= 0.2 - 1e-12 for r in st.history)
     # the round loop's roll call (query.init) learns every partition, so the failing loss
     # query costs partition 1 nothing before it is first queried
     assert st.history[0]["failures"] == {}
@@ -140,3 +170,60 @@ def test_seeded_runs_repeat_exactly(synth_rc, name):
         out.append((_flat(res.arrays), [r["lambda"] for r in st.history]))
     np.testing.assert_array_equal(out[0][0], out[1][0])
     assert out[0][1] == out[1][1]
+
+
+# --------------------------------------------------------------------------- crash and resume
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", ["drfa", "drfa-prox"])
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, monkeypatch):
+    # λ, γ's decay and the averaged iterate ŵ all live between rounds: a resumed run must
+    # continue them exactly.
+    from flowerdro.runs import load_records
+    from flowerdro.strategies.base import FairStrategy
+
+    rc = {**synth_rc, "checkpoint-every": 1, "fraction-train": 0.5, "dual-lr": 0.05, "dual-lr-decay": 0.8,
+          "output-model": "average", "evaluate-model": "average", "sample-with-replacement": False}
+
+    def experiment(root):
+        return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": [name],
+                "run-config": rc, "output-root": str(root)}
+
+    whole = run(experiment(tmp_path / "whole"), verbose=False)
+    original = FairStrategy._notify
+
+    def crashing(self, event, *args):  # crash right after round 2 was written (its checkpoint included)
+        original(self, event, *args)
+        if event == "on_round" and args[0]["round"] == 2:
+            raise _Crash
+
+    monkeypatch.setattr(FairStrategy, "_notify", crashing)
+    with pytest.raises(_Crash):
+        run(experiment(tmp_path / "cut"), verbose=False)
+    monkeypatch.setattr(FairStrategy, "_notify", original)
+    resumed = run({**experiment(tmp_path / "cut"), "resume": True}, verbose=False)
+
+    def records(history):
+        return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
+
+    assert records(resumed.histories[name][0]) == records(whole.histories[name][0])
+    assert [r["dual_lr"] for r in whole.histories[name][0]] == pytest.approx([0.05 * 0.8**k for k in range(4)])
+    a, b = whole.final_arrays[name][0], resumed.final_arrays[name][0]
+    for k in a.keys():
+        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+    assert [r["round"] for r in load_records(tmp_path / "cut" / "resume" / name / "seed0")] == [1, 2, 3, 4]
+
+
+def test_lambda_init_size_through_the_runner_starts_from_the_training_set_sizes(synth_rc):
+    # The runner learns every node's partition before round 1; the sizes still need asking.
+    rc = {**synth_rc, "lambda-init": "size", "dual-lr": 1e-9, "clients-per-round": 2}
+    cfg = {"name": "size", "num-rounds": 1, "seeds": [0], "num-partitions": 4, "strategies": ["drfa"],
+           "run-config": rc}
+    res = run(cfg, output_root=None, verbose=False)
+    strategy, rec = res.strategies["drfa"][0], res.histories["drfa"][0][0]
+    sizes = np.array([strategy.state.sizes[p] for p in range(4)], dtype=float)
+    assert np.ptp(sizes) > 0  # the check is not vacuous: the partitions differ in size
+    lam = np.array([rec["lambda"][str(p)] for p in range(4)])
+    np.testing.assert_allclose(lam, sizes / sizes.sum(), rtol=0, atol=1e-7)  # one step of γτv with γ = 1e-9
