@@ -231,7 +231,7 @@ class ReplayGrid(LocalGrid):
     """A grid whose clients answer instantly with prepared replies (only the server is timed).
 
     Each message gets a reply of its type: ``train*`` → ``arrays`` (one of a few prepared
-    models of the right shapes; ``train.scaffold`` adds ``control_delta``, a DRFA message
+    models of the right shapes; ``train.scaffold`` adds ``control``, a DRFA message
     with a snapshot step adds ``snapshot``), ``query.loss_grad`` → ``grad``, ``query.loss``
     → metrics only. ``seconds`` accumulates the time spent here (subtracted from the round).
     """
@@ -259,7 +259,7 @@ class ReplayGrid(LocalGrid):
         if mtype.startswith("train"):
             content["arrays"] = arrays
             if mtype == "train.scaffold":
-                content["control_delta"] = fresh(self.pool[(k + 1) % len(self.pool)])
+                content["control"] = fresh(self.pool[(k + 1) % len(self.pool)])
             if int(cfg.get("snapshot-step", 0) or 0) > 0:
                 content["snapshot"] = fresh(self.pool[(k + 2) % len(self.pool)])
         elif mtype == "query.loss_grad":
