@@ -10,6 +10,7 @@ repeatable from its seed, whatever else happens in the process.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -88,17 +89,25 @@ class LocalData:
         """Move numpy arrays to ``device`` once.
 
         Inputs become ``dtype`` (float32 by default; float64 for high-precision runs);
-        integer labels become int64, floating targets (regression) become ``dtype``.
+        integer labels become int64, floating targets (regression) become ``dtype``. An
+        array already of that dtype, C-contiguous and bound for the CPU is shared, not
+        copied (the training loops never write into their data).
         """
         dev = device or default_device()
 
+        def tensor(arr: np.ndarray, target: torch.dtype) -> torch.Tensor:
+            if dev.type == "cpu" and arr.flags.c_contiguous and arr.dtype == torch.empty(0, dtype=target).numpy().dtype:
+                with warnings.catch_warnings():  # read-only arrays of the data cache: shared, never written
+                    warnings.simplefilter("ignore", UserWarning)
+                    return torch.from_numpy(arr)
+            return torch.tensor(arr, dtype=target, device=dev)
+
         def tx(a: np.ndarray) -> torch.Tensor:
-            return torch.tensor(np.asarray(a), dtype=dtype, device=dev)
+            return tensor(np.asarray(a), dtype)
 
         def ty(a: np.ndarray) -> torch.Tensor:
             arr = np.asarray(a)
-            target_dtype = dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64
-            return torch.tensor(arr, dtype=target_dtype, device=dev)
+            return tensor(arr, dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64)
 
         return cls(tx(x_train), ty(y_train), tx(x_test), ty(y_test))
 
@@ -187,7 +196,12 @@ def seeded_global_rng(generator: torch.Generator) -> Iterator[None]:
     ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, _SALT_GLOBAL_RNG])
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(ss.generate_state(1, dtype=np.uint64)[0] & 0x7FFF_FFFF_FFFF_FFFF))
+        # The generators fork_rng restores, seeded as torch.manual_seed would seed them (which
+        # also queues every other backend's seeding: ~100x the cost of these two calls).
+        global_seed = int(ss.generate_state(1, dtype=np.uint64)[0] & 0x7FFF_FFFF_FFFF_FFFF)
+        torch.default_generator.manual_seed(global_seed)
+        if devices:
+            torch.cuda.manual_seed(global_seed)
         yield
 
 

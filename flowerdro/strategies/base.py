@@ -48,6 +48,8 @@ class LoopSettings(Settings):
     fraction_train: float = setting(1.0, "fraction of the connected clients sampled for training", gt=0, le=1)
     min_train_nodes: int = setting(1, "at least this many clients are sampled for training", ge=1)
     fraction_evaluate: float = setting(1.0, "fraction of the clients asked to evaluate (0: none)", ge=0, le=1)
+    evaluate_sample: int = setting(300, "at most this many clients evaluate per round, a seeded sample "
+                                        "(0: no cap; the fairness numbers' *_n say how many reported)", ge=0)
     evaluate_every: int = setting(1, "evaluate every k rounds (and always after the last)", ge=1)
     min_available_nodes: int = setting(1, "wait for this many connected clients before a round", ge=1)
     seed: int = setting(0, "seed of sampling, client minibatches and the initial model")
@@ -201,6 +203,14 @@ class FairStrategy(Strategy):
         """How many nodes to sample: ``max(min-train-nodes, round(fraction-train·N))``, at most N."""
         return int(min(num_nodes, max(self.loop.min_train_nodes, round(self.loop.fraction_train * num_nodes))))
 
+    def num_evaluate_nodes(self, num_nodes: int) -> int:
+        """How many nodes evaluate: ``min(max(1, round(fraction-evaluate·N)), evaluate-sample)``.
+
+        ``evaluate-sample = 0`` lifts the cap (every node with ``fraction-evaluate = 1``).
+        """
+        k = max(1, round(self.loop.fraction_evaluate * num_nodes))
+        return min(k, self.loop.evaluate_sample) if self.loop.evaluate_sample > 0 else k
+
     def sample(self, node_ids: Sequence[int], k: int, *, p: np.ndarray | None = None,
                replace: bool = False) -> list[int]:
         """Draw ``k`` node ids from the strategy's generator (with probabilities ``p`` when given)."""
@@ -264,7 +274,7 @@ class FairStrategy(Strategy):
         if self.loop.fraction_evaluate == 0.0:
             return []
         nodes = self.nodes(grid)
-        k = max(1, round(self.loop.fraction_evaluate * len(nodes)))
+        k = self.num_evaluate_nodes(len(nodes))
         chosen = nodes if k >= len(nodes) else sorted(self.sample(nodes, k))
         content = RecordDict({"arrays": arrays, "config": ConfigRecord({**dict(config),
                                                                         "server-round": server_round})})
@@ -441,8 +451,9 @@ class FairStrategy(Strategy):
         replies = self.communicate(grid, msgs, phase="evaluate", required_metrics=(self.eval_metric,))
         metrics = self.aggregate_evaluate(rnd, replies)
         asked = {self.partition(int(m.metadata.dst_node_id)) for m in msgs}
-        connected = set(self.comm.nodes_of(self.nodes(grid)))
-        full = self.loop.fraction_evaluate == 1.0
+        nodes = self.nodes(grid)
+        connected = set(self.comm.nodes_of(nodes))
+        full = len(msgs) >= len(nodes)
         gone = sorted(self.comm.partitions_seen - connected) if full else []
         reported = [self.partition(int(r.metadata.src_node_id)) for r in replies]
         fails = [f for f in self.comm.failures_of_round() if f.phase == "evaluate"]

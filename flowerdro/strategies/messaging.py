@@ -32,10 +32,16 @@ __all__ = ["Communicator", "Failure", "metrics_of", "missing_route_hint"]
 
 
 def metrics_of(message: Message) -> MetricRecord:
-    """The reply's metrics: its MetricRecord ``"metrics"``, else its only MetricRecord."""
-    records = message.content.metric_records
-    if "metrics" in records:
-        return records["metrics"]
+    """The reply's metrics: its MetricRecord ``"metrics"``, else its only MetricRecord.
+
+    Reads the content's entries directly (``RecordDict.metric_records`` builds a new typed
+    view on every access).
+    """
+    content = message.content
+    rec = content.get("metrics")
+    if isinstance(rec, MetricRecord):
+        return rec
+    records = {k: v for k, v in content.items() if isinstance(v, MetricRecord)}
     if len(records) == 1:
         return next(iter(records.values()))
     raise ValueError(f"reply: expected a MetricRecord 'metrics', found {sorted(records) or 'none'}")
@@ -275,7 +281,7 @@ class Communicator:
         required_metrics: Sequence[str],
     ) -> tuple[str, str] | None:
         content = reply.content
-        if len(content.metric_records) == 0:
+        if not any(isinstance(v, MetricRecord) for v in content.values()):
             return "bad-metrics", "reply has no MetricRecord"
         try:
             metrics = metrics_of(reply)
@@ -293,8 +299,8 @@ class Communicator:
         self.learn(node_id, int(pid) if pid is not None else node_id)
         if reference is not None:
             for key in array_keys:
-                rec = content.array_records.get(key)
-                if rec is None:
+                rec = content.get(key)
+                if not isinstance(rec, ArrayRecord):
                     return "bad-arrays", f"ArrayRecord '{key}' missing"
                 why = check_arrays(reference, rec)
                 if why is not None:

@@ -197,3 +197,15 @@ def test_a_folder_holding_another_run_is_refused_unless_overwritten(synth_rc, tm
         run(other, verbose=False)
     run({**other, "overwrite": True}, verbose=False)
     run(other, verbose=False)  # the same run again: started afresh
+
+
+@pytest.mark.parametrize("cap,expected", [(4, 4), (0, 9), (20, 9)])
+def test_evaluate_sample_caps_the_evaluated_clients_and_the_fairness_numbers_say_how_many(synth_rc, cap, expected):
+    # 9 clients, fraction-evaluate = 1: a cap of 4 asks 4 distinct clients per round; 0 (no cap)
+    # and a cap above N ask all 9. acc_n counts the clients the fairness numbers were computed over.
+    grid = InProcessGrid(client_app, 9, synth_rc)
+    strategy = _run("fedavg", {**synth_rc, "evaluate-sample": cap}, grid, rounds=2)
+    for rec in strategy.history:
+        assert rec["acc_n"] == expected
+        assert len(rec["client_acc"]) == expected
+        assert rec["missing"] == {}
