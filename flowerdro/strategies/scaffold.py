@@ -148,9 +148,11 @@ class SCAFFOLD(FairStrategy):
             ci_old = st.client_controls.get(pid)
             ci_old = ci_old if ci_old is not None else [np.zeros_like(a) for a in base]
             st.client_controls[pid] = ci_new
-            for k in range(len(x)):
-                dx[k] += (y[k].astype(np.float64) - x[k]) / m
-                dc[k] += (ci_new[k] - ci_old[k]).astype(np.float64) / m
+            for k in range(len(x)):  # in place: one float64 temporary per layer, not three
+                step = np.subtract(y[k], x[k], dtype=np.float64)
+                dx[k] += np.divide(step, m, out=step)
+                step = np.divide(ci_new[k] - ci_old[k], m, out=step, dtype=np.float64)
+                dc[k] += step
         n = len(nodes)
         st.control = [ck + (m / n) * d for ck, d in zip(st.control, dc, strict=True)]
         new = [(xk + self.config.server_lr * dk).astype(dt) for xk, dk, dt in zip(x, dx, dtypes, strict=True)]
