@@ -17,9 +17,7 @@ the clients, then a round record handed to the observers (``add_observer``: a
 
 from __future__ import annotations
 
-import copy
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from logging import INFO, WARNING
@@ -32,11 +30,18 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID, TrainingSettings
+from flowerdro.protocol import NUM_EXAMPLES, TrainingSettings
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays  # noqa: F401
+from flowerdro.strategies.checkpoint import ServerState
 from flowerdro.strategies.messaging import Communicator, Failure, metrics_of, missing_route_hint
-from flowerdro.strategies.records import ClientResults, mean_of_metric_records, missing_partitions
+from flowerdro.strategies.records import (
+    ClientResults,
+    mean_of_metric_records,
+    missing_partitions,
+    round_line,
+    round_record,
+)
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError"]
 
@@ -71,7 +76,7 @@ class EmptySettings(Settings):
     """Settings of a strategy that has none of its own."""
 
 
-class FairStrategy(Strategy):
+class FairStrategy(ServerState, Strategy):
     """Base of flowerdro strategies: seeded sampling, per-client metrics, failures, loud failure.
 
     Parameters
@@ -115,7 +120,6 @@ class FairStrategy(Strategy):
         self.wait_timeout = 120.0
         self._observers: list[Any] = []
         self._round = 0
-        self._asked: set[int] = set()
 
     # ------------------------------------------------------------------ settings and observers
     @property
@@ -155,49 +159,8 @@ class FairStrategy(Strategy):
 
     # ------------------------------------------------------------------ nodes and sampling
     def nodes(self, grid: Grid) -> list[int]:
-        """Connected node ids in partition order; waits (up to ``wait_timeout``) for ``min-available-nodes``.
-
-        Nodes whose partition is known come first, by partition id, then the others by node
-        id. A node never heard from is asked its partition once (:meth:`roll_call`), so
-        sampling, which draws positions in this list, selects the same partitions for a seed
-        whatever ids the nodes got (simulation, deployment and in-process runs agree, and a
-        restarted node takes its partition's place).
-        """
-        start = time.monotonic()
-        while True:
-            connected = [int(n) for n in grid.get_node_ids()]
-            if len(connected) >= self.loop.min_available_nodes:
-                self.roll_call(grid, connected)
-                part = self.comm.node_to_partition
-                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
-            if time.monotonic() - start > self.wait_timeout:
-                raise RuntimeError(f"min-available-nodes: waited {self.wait_timeout:.0f} s for "
-                                   f"{self.loop.min_available_nodes} nodes, only {len(connected)} connected")
-            log(INFO, "Waiting for nodes: %d connected, %d needed", len(connected), self.loop.min_available_nodes)
-            time.sleep(1.0)
-
-    def roll_call(self, grid: Grid, node_ids: Sequence[int]) -> None:
-        """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
-
-        A node that does not answer, or answers without a ``partition-id``, is learnt from
-        its first reply instead.
-        """
-        ask = [n for n in node_ids if n not in self.comm.node_to_partition and n not in self._asked]
-        if not ask:
-            return
-        self._asked.update(ask)
-        content = RecordDict({"config": ConfigRecord({"weights": False})})
-        messages = [Message(content=content.copy() if hasattr(content, "copy") else content,
-                            dst_node_id=n, message_type="query.init") for n in ask]
-        try:
-            replies = list(grid.send_and_receive(messages, timeout=min(self.comm.timeout, 120.0)))
-        except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
-            log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
-            return
-        for reply in replies:
-            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
-            if metrics is not None and "partition-id" in metrics:
-                self.comm.learn(int(reply.metadata.src_node_id), int(metrics["partition-id"]))
+        """Connected node ids in partition order (:meth:`Communicator.roster`), at least ``min-available-nodes``."""
+        return self.comm.roster(grid, self.loop.min_available_nodes, self.wait_timeout)
 
     def num_train_nodes(self, num_nodes: int) -> int:
         """How many nodes to sample: ``max(min-train-nodes, round(fraction-train·N))``, at most N."""
@@ -323,44 +286,6 @@ class FairStrategy(Strategy):
         of arrays as ``.npz`` (e.g. DR-DSGD's device models); none by default."""
         return {}
 
-    # ------------------------------------------------------------------ checkpoints
-    def server_state(self) -> dict[str, Any]:
-        """Everything the server needs to continue the run after the current round.
-
-        The global model, the round counter, the generator's state, the node ↔ partition
-        map, the failures, the latest per-client results, the history so far and the
-        algorithm's own state (``self.state``: λ, control variates, device models, step
-        schedules, … whatever the strategy keeps between rounds).
-        """
-        arrays = self.current_arrays
-        return {
-            "round": self._round,
-            "arrays": None if arrays is None else {k: arrays[k].numpy() for k in arrays.keys()},
-            "rng": self.rng.bit_generator.state,
-            "node_to_partition": dict(self.comm.node_to_partition),
-            "partitions_seen": sorted(self.comm.partitions_seen),
-            "failures": list(self.comm.failures),
-            "results": {p: dict(v) for p, v in self.results.latest.items()},
-            "history": list(self.history),
-            "failed_in_row": getattr(self, "_failed_in_row", 0),
-            "state": copy.deepcopy(getattr(self, "state", None)),
-        }
-
-    def restore(self, checkpoint: Mapping[str, Any]) -> ArrayRecord:
-        """Put the server back in the state of ``checkpoint``; returns the global model."""
-        self._round = int(checkpoint["round"])
-        self.rng.bit_generator.state = checkpoint["rng"]
-        # what the nodes connected now said of themselves wins over the checkpoint's map
-        self.comm.node_to_partition = {**dict(checkpoint["node_to_partition"]), **self.comm.node_to_partition}
-        self.comm.partitions_seen = set(checkpoint["partitions_seen"])
-        self.comm.failures = list(checkpoint["failures"])
-        self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}
-        self.history = list(checkpoint["history"])
-        if checkpoint.get("state") is not None:
-            self.state = copy.deepcopy(checkpoint["state"])
-        self.current_arrays = numpy_to_arrays(list(checkpoint["arrays"]), list(checkpoint["arrays"].values()))
-        return self.current_arrays
-
     # ------------------------------------------------------------------ the loop
     def start(
         self,
@@ -407,7 +332,7 @@ class FairStrategy(Strategy):
             self.current_arrays = result.arrays = arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
-            self._failed_in_row = failed_in_row = failed_in_row + 1 if self._no_train_reply() else 0
+            self._failed_in_row = failed_in_row = failed_in_row + 1 if self.comm.no_train_reply() else 0
             eval_metrics, missing = None, None
             if rnd % self.loop.evaluate_every == 0 or rnd == num_rounds:
                 eval_metrics, missing = self._evaluate(rnd, grid, arrays, evaluate_config)
@@ -415,33 +340,22 @@ class FairStrategy(Strategy):
                     result.evaluate_metrics_clientapp[rnd] = eval_metrics
             if evaluate_fn is not None and (res := evaluate_fn(rnd, self.evaluation_arrays(arrays))) is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
-            record = self._round_record(rnd, time.time() - t0, train_metrics, eval_metrics, missing)
+            record = round_record(self, rnd, time.time() - t0, train_metrics, eval_metrics, missing)
             self.history.append(record)
-            self._log_round(record, num_rounds)
+            log(INFO, round_line(record, num_rounds))
             self._notify("on_round", record)
             if failed_in_row >= self.loop.max_failed_rounds:
-                raise RunFailedError(self._failure_message(failed_in_row))
+                reason = self.comm.failed_rounds_reason(self._round, failed_in_row)
+                hint = missing_route_hint(reason)
+                raise RunFailedError(
+                    f"[{self.run_name}] no valid training reply in {failed_in_row} rounds in a row "
+                    f"(max-failed-rounds = {self.loop.max_failed_rounds}); most frequent reason: {reason}"
+                    + (f"\n=> {hint}" if hint else ""))
         final = result.arrays = self.output_arrays(arrays)
         log(INFO, "[%s] finished %d rounds in %.1f s (%d dropped replies)", self.run_name, num_rounds,
             time.time() - t_run, len(self.failures))
         self._notify("on_end", final)
         return result
-
-    def _no_train_reply(self) -> bool:
-        """Whether this round brought no valid training reply although its exchanges failed.
-
-        Any phase but evaluation counts: when a query that comes first fails everywhere
-        (DRFA's discovery, SCAFF-PD's loss/gradient), no training message is sent at all.
-        """
-        fails = [f for f in self.comm.failures_of_round() if f.phase != "evaluate"]
-        return bool(fails) and self.comm.valid_replies.get("train", 0) == 0
-
-    def _failure_message(self, rounds: int) -> str:
-        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > self._round - rounds]
-        reason = self.comm.most_frequent_reason(fails) or "unknown"
-        hint = missing_route_hint(reason)
-        return (f"[{self.run_name}] no valid training reply in {rounds} rounds in a row (max-failed-rounds = "
-                f"{self.loop.max_failed_rounds}); most frequent reason: {reason}" + (f"\n=> {hint}" if hint else ""))
 
     def _evaluate(self, rnd: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
                   ) -> tuple[MetricRecord | None, dict[str, str]]:
@@ -458,50 +372,6 @@ class FairStrategy(Strategy):
         reported = [self.partition(int(r.metadata.src_node_id)) for r in replies]
         fails = [f for f in self.comm.failures_of_round() if f.phase == "evaluate"]
         return metrics, missing_partitions([p for p in asked if p is not None], reported, fails, gone)
-
-    def _round_record(self, rnd: int, seconds: float, train_metrics: MetricRecord | None,
-                      eval_metrics: MetricRecord | None, missing: dict[str, str] | None) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "strategy": self.run_name, "round": rnd, "time_s": round(seconds, 4),
-            "bytes_sent": self.comm.bytes_sent, "bytes_received": self.comm.bytes_received,
-            "failures": dict(Counter(f"{f.phase}:{f.kind}" for f in self.comm.failures_of_round())),
-        }
-        if train_metrics is not None:
-            rec["train"] = {k: v for k, v in train_metrics.items()
-                            if isinstance(v, int | float) and k != PARTITION_ID}
-        if eval_metrics is not None:
-            rec.update({k: v for k, v in eval_metrics.items() if isinstance(v, int | float)})
-            acc = self.results.values(self.loop.accuracy_metric)
-            if acc:
-                rec["client_acc"] = {str(p): round(v, 6) for p, v in sorted(acc.items())}
-            else:  # regression: per-client test loss instead
-                rec["client_loss"] = {str(p): v for p, v in sorted(self.results.values(self.loop.loss_metric).items())}
-        if missing is not None:
-            rec["missing"] = missing
-        rec.update(self.round_extras())
-        return rec
-
-    def _log_round(self, rec: dict[str, Any], num_rounds: int) -> None:
-        parts = [f"[{self.run_name}] round {rec['round']}/{num_rounds}"]
-        if "acc_mean" in rec:
-            parts.append(f"acc mean {rec['acc_mean']:.4f} worst {rec['acc_worst']:.4f} "
-                         f"w20 {rec['acc_worst20']:.4f} std {rec['acc_std']:.4f}"
-                         + (f" | loss {rec['loss_mean']:.4f}" if "loss_mean" in rec else ""))
-        elif "loss_mean" in rec:
-            parts.append(f"loss mean {rec['loss_mean']:.6g} worst {rec['loss_worst']:.6g}")
-        parts.append(f"{rec['time_s']:.2f}s sent {rec['bytes_sent'] / 1e6:.2f}MB "
-                     f"recv {rec['bytes_received'] / 1e6:.2f}MB")
-        if rec["failures"]:
-            parts.append(f"dropped {sum(rec['failures'].values())}")
-        if rec.get("missing"):
-            parts.append(f"missing {len(rec['missing'])}")
-        log(INFO, " | ".join(parts))
-
-
-def _mean_metrics(contents: Sequence[RecordDict]) -> MetricRecord:
-    """Example-weighted mean of the scalar metrics every reply content shares."""
-    return mean_of_metric_records([c.metric_records.get("metrics") or next(iter(c.metric_records.values()))
-                                   for c in contents])
 
 
 class _RoundCallback:

@@ -19,9 +19,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -103,6 +103,8 @@ class Communicator:
         self.timeout = float(timeout)
         self.pull_interval = float(pull_interval)
         self.node_to_partition: dict[int, int] = {}
+        #: Nodes already asked their partition by :meth:`roll_call`.
+        self.asked: set[int] = set()
         self.failures: list[Failure] = []
         self.round = 0
         self.bytes_sent = 0
@@ -317,8 +319,67 @@ class Communicator:
         log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s: %s",
             self.run_name, f.round, phase, node_id, f.partition_id, kind, reason)
 
+    def no_train_reply(self) -> bool:
+        """Whether this round brought no valid training reply although its exchanges failed.
+
+        Any phase but evaluation counts: when a query that comes first fails everywhere
+        (DRFA's loss query, SCAFF-PD's loss/gradient), no training message is sent at all.
+        """
+        fails = [f for f in self.failures_of_round() if f.phase != "evaluate"]
+        return bool(fails) and self.valid_replies.get("train", 0) == 0
+
+    def failed_rounds_reason(self, server_round: int, rounds: int) -> str:
+        """The most frequent reason of the non-evaluation drops of the last ``rounds`` rounds."""
+        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > server_round - rounds]
+        return self.most_frequent_reason(fails) or "unknown"
+
     def most_frequent_reason(self, failures: Sequence[Failure]) -> str | None:
         """The reason given most often among ``failures`` (None when there are none)."""
         if not failures:
             return None
         return Counter(f.reason for f in failures).most_common(1)[0][0]
+
+    # ------------------------------------------------------------------ who is connected
+    def roster(self, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
+        """Connected node ids in partition order; waits up to ``wait_timeout`` s for ``min_nodes``.
+
+        Nodes whose partition is known come first, by partition id, then the others by node
+        id. A node never heard from is asked its partition once (:meth:`roll_call`), so a
+        seeded draw of positions in this list selects the same partitions whatever ids the
+        nodes got (simulation, deployment and in-process runs agree, and a restarted node
+        takes its partition's place).
+        """
+        start = time.monotonic()
+        while True:
+            connected = [int(n) for n in grid.get_node_ids()]
+            if len(connected) >= min_nodes:
+                self.roll_call(grid, connected)
+                part = self.node_to_partition
+                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
+            if time.monotonic() - start > wait_timeout:
+                raise RuntimeError(f"min-available-nodes: waited {wait_timeout:.0f} s for {min_nodes} nodes, "
+                                   f"only {len(connected)} connected")
+            log(INFO, "Waiting for nodes: %d connected, %d needed", len(connected), min_nodes)
+            time.sleep(1.0)
+
+    def roll_call(self, grid: Grid, node_ids: Sequence[int]) -> None:
+        """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
+
+        A node that does not answer, or answers without a ``partition-id``, is learnt from
+        its first reply instead.
+        """
+        ask = [n for n in node_ids if n not in self.node_to_partition and n not in self.asked]
+        if not ask:
+            return
+        self.asked.update(ask)
+        messages = [Message(content=RecordDict({"config": ConfigRecord({"weights": False})}), dst_node_id=n,
+                            message_type="query.init") for n in ask]
+        try:
+            replies = list(grid.send_and_receive(messages, timeout=min(self.timeout, 120.0)))
+        except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
+            log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
+            return
+        for reply in replies:
+            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
+            if metrics is not None and PARTITION_ID in metrics:
+                self.learn(int(reply.metadata.src_node_id), int(metrics[PARTITION_ID]))
