@@ -248,13 +248,11 @@ def _config_of(message: Message) -> ConfigRecord | None:
     return cfg if isinstance(cfg, ConfigRecord) else None
 
 
-#: Keys that only the strategy may set (in the message), never the run config: they say
-#: which algorithm runs, so a run-config default would leak into other strategies.
-MESSAGE_ONLY_KEYS = ("proximal-mu", "snapshot-step")
-
-
 def message_settings(message: Message) -> Settings:
-    """Only the message's own config (for algorithm switches such as ``proximal-mu``)."""
+    """Only the message's own config, for the keys only a strategy may set (``proximal-mu``, ``snapshot-step``).
+
+    They say which algorithm runs, so a run-config default would leak into other strategies.
+    """
     cfg = _config_of(message)
     return Settings(dict(cfg) if cfg is not None else {})
 

@@ -63,6 +63,7 @@ from flowerdro.clients.training import (
     LocalData,
     LossFn,
     TrainResult,
+    check_loop_args,
     clone_state,
     make_generator,
     minibatches,
@@ -140,15 +141,6 @@ def shift_record(state: AffineState) -> ArrayRecord:
 
 
 # --------------------------------------------------------------------------- training loops
-def _check_common(steps: int, lr: float, batch_size: int) -> None:
-    if steps < 1:
-        raise ValueError(f"local-steps: τ must be >= 1, got {steps}")
-    if not lr > 0:
-        raise ValueError(f"lr: η₁ must be > 0, got {lr}")
-    if batch_size < 1:
-        raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
-
-
 def fedrobust_local(
     model: nn.Module, data: LocalData, lam: torch.Tensor, delta: torch.Tensor, *, steps: int, lr: float,
     adv_lr: float, penalty: float, batch_size: int, generator: torch.Generator, loss_fn: LossFn | None = None,
@@ -191,7 +183,7 @@ def fedrobust_local(
     (TrainResult, torch.Tensor, torch.Tensor)
         The model state and statistics, Λ_i and δ_i after τ steps.
     """
-    _check_common(steps, lr, batch_size)
+    check_loop_args(steps, lr, batch_size)
     check_ascent_rates(adv_lr, penalty)
     d = flat_dim(data.x_train.shape[1:])
     if tuple(lam.shape) != (d, d) or tuple(delta.shape) != (d,):
@@ -242,7 +234,7 @@ def adversarial_local(
     The attack ascends the same loss ℓ = ``loss_fn`` the step descends (cross-entropy when
     unset, MSE on a regression task).
     """
-    _check_common(steps, lr, batch_size)
+    check_loop_args(steps, lr, batch_size)
     if kind not in ADVERSARIAL_KINDS:
         raise ValueError(f"kind: unknown adversarial training {kind!r}; allowed: {', '.join(ADVERSARIAL_KINDS)}")
     if not eps >= 0:

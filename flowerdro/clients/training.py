@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from flowerdro.data.federated import SplitSizes
+
 LOSS_BEFORE_ON: tuple[str, ...] = ("full", "batch", "none")
 """Where :func:`local_sgd` measures the received model's loss (run config ``train-loss-on``)."""
 
@@ -68,7 +70,7 @@ def default_device() -> torch.device:
 
 
 @dataclass
-class LocalData:
+class LocalData(SplitSizes):
     """A client's data as tensors on one device (train and test split)."""
 
     x_train: torch.Tensor
@@ -110,16 +112,6 @@ class LocalData:
             return tensor(arr, dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64)
 
         return cls(tx(x_train), ty(y_train), tx(x_test), ty(y_test))
-
-    @property
-    def num_train(self) -> int:
-        """Number of local training examples."""
-        return int(self.y_train.shape[0])
-
-    @property
-    def num_test(self) -> int:
-        """Number of local test examples."""
-        return int(self.y_test.shape[0])
 
 
 def minibatches(
@@ -231,6 +223,22 @@ class TrainResult:
 GradHook = Callable[[nn.Module, int], None]
 
 
+def check_loop_args(steps: int, lr: float, batch_size: int) -> None:
+    """Check the arguments every local loop shares: τ = ``steps`` >= 1, η = ``lr`` > 0, ``batch_size`` >= 1.
+
+    Raises
+    ------
+    ValueError
+        Naming the run-config key (``local-steps``, ``lr``, ``batch-size``) of the bad value.
+    """
+    if steps < 1:
+        raise ValueError(f"local-steps: must be >= 1, got {steps}")
+    if not lr > 0:
+        raise ValueError(f"lr: must be > 0, got {lr}")
+    if batch_size < 1:
+        raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
+
+
 def local_sgd(
     model: nn.Module,
     data: LocalData,
@@ -278,12 +286,7 @@ def local_sgd(
         ℓ(output, target) → mean loss; cross-entropy when unset (:func:`mse_loss` for
         regression).
     """
-    if steps < 1:
-        raise ValueError(f"local-steps: must be >= 1, got {steps}")
-    if not lr > 0:
-        raise ValueError(f"lr: must be > 0, got {lr}")
-    if batch_size < 1:
-        raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
+    check_loop_args(steps, lr, batch_size)
     if proximal_mu < 0:
         raise ValueError(f"proximal-mu: must be >= 0, got {proximal_mu}")
     if snapshot_step is not None and not 1 <= snapshot_step <= steps:
