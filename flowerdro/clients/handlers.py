@@ -31,6 +31,7 @@ from flowerdro.clients.training import (
     LOSS_BEFORE_ON,
     LocalData,
     LossFn,
+    TrainResult,
     batch_loss,
     default_device,
     evaluate_model,
@@ -313,6 +314,20 @@ def _scale_update(received: ArrayRecord, local: dict[str, torch.Tensor], factor:
 
 
 # --------------------------------------------------------------------------- handlers
+def train_metrics(
+    rt: ClientRuntime, res: TrainResult, *, train_loss: float | None = None, **extra: float | int
+) -> MetricRecord:
+    """The metrics of a local-training reply.
+
+    ``num-examples``, ``partition-id``, ``train_loss`` (the received model's loss, when
+    given), ``train_loss_local`` (mean minibatch loss during the steps), ``local-steps``,
+    then ``extra``.
+    """
+    before = {} if train_loss is None else {"train_loss": float(train_loss)}
+    return MetricRecord({"num-examples": res.num_examples, "partition-id": rt.partition_id, **before,
+                         "train_loss_local": float(res.mean_batch_loss), "local-steps": res.steps, **extra})
+
+
 def train_reply(
     message: Message, context: Context, *, with_snapshot: bool = False
 ) -> Message:
@@ -358,20 +373,7 @@ def train_reply(
         state = _scale_update(received, state, amount)
     elif attack == "bias":
         loss_before += amount
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(state),
-            "metrics": MetricRecord(
-                {
-                    "num-examples": res.num_examples,
-                    "partition-id": rt.partition_id,
-                    "train_loss": float(loss_before),
-                    "train_loss_local": float(res.mean_batch_loss),
-                    "local-steps": res.steps,
-                }
-            ),
-        }
-    )
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": train_metrics(rt, res, train_loss=loss_before)})
     if with_snapshot and res.snapshot is not None:
         snap = res.snapshot if attack != "update-scale" else _scale_update(received, res.snapshot, amount)
         content["snapshot"] = ArrayRecord(snap)

@@ -58,7 +58,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import nn
 from torch.nn import functional as F
 
-from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for
+from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for, train_metrics
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -300,15 +300,8 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     if not (torch.isfinite(lam).all() and torch.isfinite(delta).all()):
         raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr")
     new_state = AffineState(lam, delta, state.rounds + 1)
-    metrics = MetricRecord({
-        "num-examples": res.num_examples,
-        "partition-id": rt.partition_id,
-        "train_loss_local": float(res.mean_batch_loss),
-        "local-steps": res.steps,
-        "lambda-dev-fro": new_state.lambda_dev_fro,
-        "delta-norm": new_state.delta_norm,
-        "affine-rounds": new_state.rounds,
-    })
+    metrics = train_metrics(rt, res, **{"lambda-dev-fro": new_state.lambda_dev_fro, "delta-norm": new_state.delta_norm,
+                                        "affine-rounds": new_state.rounds})
     content = RecordDict({"arrays": ArrayRecord(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
     return Message(content=content, reply_to=message)
 
@@ -328,13 +321,8 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
         batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
         attack_steps=s.int("pgd-steps", 10, minimum=1), attack_step_size=step_size or None, loss_fn=rt.loss_fn,
     )
-    metrics = MetricRecord({
-        "num-examples": res.num_examples,
-        "partition-id": rt.partition_id,
-        "train_loss_local": float(res.mean_batch_loss),
-        "local-steps": res.steps,
-    })
-    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": metrics}), reply_to=message)
+    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": train_metrics(rt, res)}),
+                   reply_to=message)
 
 
 def affine_state_reply(message: Message, context: Context) -> Message:

@@ -142,11 +142,7 @@ class InProcessGrid(LocalGrid):
         """Queue ``messages`` (nothing runs yet) and return their message ids, in order."""
         ids = []
         for msg in messages:
-            nid = int(msg.metadata.dst_node_id)
-            if nid not in self.contexts:
-                raise ValueError(f"dst_node_id: unknown node {nid}")
-            mid = f"m{next(self._ids)}"
-            msg.metadata._message_id = mid  # a SuperLink would assign it
+            mid = self._accept(msg)
             self._queued[mid] = msg
             ids.append(mid)
         return ids
@@ -175,15 +171,21 @@ class InProcessGrid(LocalGrid):
         """
         replies = []
         for msg in messages:
-            nid = int(msg.metadata.dst_node_id)
-            if nid not in self.contexts:
-                raise ValueError(f"dst_node_id: unknown node {nid}")
-            msg.metadata._message_id = f"m{next(self._ids)}"  # a SuperLink would assign it
+            self._accept(msg)
             reply, elapsed = self._deliver(msg)
             if reply is None or (timeout is not None and elapsed > timeout):
                 continue
             replies.append(reply)
         return replies
+
+    def _accept(self, msg: Message) -> str:
+        """Check that ``msg`` goes to a known node and give it a message id, as a SuperLink would."""
+        nid = int(msg.metadata.dst_node_id)
+        if nid not in self.contexts:
+            raise ValueError(f"dst_node_id: unknown node {nid}")
+        mid = f"m{next(self._ids)}"
+        msg.metadata._message_id = mid
+        return mid
 
     def _deliver(self, msg: Message) -> tuple[Message | None, float]:
         """Run the ClientApp on ``msg`` with the node's Context and faults: (reply or None, seconds)."""
