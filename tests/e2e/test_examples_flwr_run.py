@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("example", ["message-api", "legacy-api"])
