@@ -193,9 +193,11 @@ class Communicator:
         The messages are pushed once; the outstanding ones are pulled until all have
         answered or the timeout has passed (sleeping ``pull_interval`` after an empty
         pull). A reply that arrives after the deadline is not accepted: its node counts as
-        a timeout. The time ``on_replies`` takes counts against the timeout. A grid whose
-        ``push_messages`` raises ``NotImplementedError`` is served by one :meth:`send`.
-        Returns every valid reply in arrival order.
+        a timeout. The time ``on_replies`` takes counts against the timeout. A grid with
+        its own ``clock()`` and ``sleep(seconds)`` (the in-process grid's simulated clock)
+        is timed by them, any other by wall time. A grid whose ``push_messages`` raises
+        ``NotImplementedError`` is served by one :meth:`send`. Returns every valid reply
+        in arrival order.
         """
         messages = list(messages)
         if not messages:
@@ -221,10 +223,11 @@ class Communicator:
             else:
                 self._fail(phase, int(msg.metadata.dst_node_id), "error", "the grid could not push the message")
         valid: list[Message] = []
-        deadline = time.monotonic() + self.timeout
+        clock, sleep = getattr(grid, "clock", time.monotonic), getattr(grid, "sleep", time.sleep)
+        deadline = clock() + self.timeout
         while pending:
             replies = list(grid.pull_messages(list(pending)))
-            if time.monotonic() > deadline:  # these came too late
+            if clock() > deadline:  # these came too late
                 break
             batch = []
             for reply in replies:
@@ -234,11 +237,11 @@ class Communicator:
             if batch:
                 valid.extend(batch)
                 on_replies(batch)
-            now = time.monotonic()
+            now = clock()
             if not pending or now >= deadline:
                 break
             if not replies:
-                time.sleep(min(self.pull_interval, deadline - now))
+                sleep(min(self.pull_interval, deadline - now))
         self._timeouts(phase, list(pending.values()))
         return valid
 
