@@ -52,6 +52,20 @@ def _numbers(obj, path="state"):
         yield path, np.array(obj)
 
 
+class _RecordingGrid(InProcessGrid):
+    """The in-process grid, noting the dtype of every float array the server sends."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.sent_dtypes: set[str] = set()
+
+    def _deliver(self, msg):
+        for rec in msg.content.array_records.values():
+            self.sent_dtypes.update(str(rec[k].numpy().dtype) for k in rec.keys()
+                                    if np.issubdtype(rec[k].numpy().dtype, np.floating))
+        return super()._deliver(msg)
+
+
 def _assert_on_simplex(lam: np.ndarray, what: str) -> None:
     # λ is a float64 vector of ≤ 5 entries renormalised by projection: its sum is 1 up to
     # a few ulps of float64 (eps ≈ 2.2e-16) per entry; 1e-12 leaves room for that
@@ -63,7 +77,7 @@ def _assert_on_simplex(lam: np.ndarray, what: str) -> None:
 def test_one_faulty_partition_never_stops_a_strategy_nor_corrupts_its_state(name, mode):
     rc = dict(RUN_CONFIG, **({"local-steps": 1} if name in ("drdsgd", "dsgd") else {}))
     fault = Fault(mode, rounds=tuple(range(1, ROUNDS + 1)), seconds=SLOW)
-    grid = InProcessGrid(client_app, 5, rc, faults={BAD: fault})
+    grid = _RecordingGrid(client_app, 5, rc, faults={BAD: fault})
     strategy = build_strategy(name, rc)
     strategy.comm.pull_interval = 1.0  # simulated seconds between empty pulls of the streamed path
     init = initial_arrays(grid, rc, 60)
@@ -88,7 +102,8 @@ def test_one_faulty_partition_never_stops_a_strategy_nor_corrupts_its_state(name
         assert grid.clock() - t0 >= ROUNDS * TIMEOUT
     if mode == "slow":  # and for the slow reply, at least once a round
         assert grid.clock() - t0 >= ROUNDS * SLOW
-    # the model: finite and in its dtype
+    # the model: finite and in its dtype, and so is everything the server sends
+    assert grid.sent_dtypes == {"float32"}
     for k in init.keys():
         a = res.arrays[k].numpy()
         assert a.dtype == init[k].numpy().dtype and a.shape == init[k].numpy().shape, k
