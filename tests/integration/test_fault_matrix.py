@@ -92,8 +92,9 @@ def test_one_faulty_partition_never_stops_a_strategy_nor_corrupts_its_state(name
         assert strategy.failures, "a fault the server must drop went unnoticed"
         kinds = {f.kind for f in strategy.failures}
         assert kinds <= {"error", "timeout", "nonfinite", "bad-arrays", "bad-metrics"}
-        if mode in ("raise", "timeout", "missing-record"):  # the evaluation fails too
-            assert all(set(r["missing"]) == {str(BAD)} for r in strategy.history)
+        if mode in ("raise", "timeout", "missing-record"):  # the evaluation fails too, and says why
+            why = {"raise": "error", "timeout": "timeout", "missing-record": "bad-metrics"}[mode]
+            assert all(r["missing"] == {str(BAD): why} for r in strategy.history)
             assert all(r["acc_n"] == 4 for r in strategy.history)
     else:
         assert strategy.failures == []
