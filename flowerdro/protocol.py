@@ -59,6 +59,8 @@ class NodeSettings(Settings):
     hidden: tuple[int, ...] = setting((128, 64), "hidden layer sizes of the mlp", ge=1)
     precision: str = setting("float32", "dtype of the clients' data and model", choices=("float32", "float64"))
     model_seed: int | None = setting(None, "seed of the initial weights (unset: seed)")
+    threads: int = setting(1, "torch threads of a client process (0: torch's default, one per core); "
+                              "with 1, results do not depend on the machine's core count", ge=0)
     malicious_ids: tuple[int, ...] = setting((), "partition ids of malicious clients", ge=0)
     attack: str = setting("none", "what malicious clients do: add attack-bias to every loss they report "
                                   "(bias), train on attack-scale times their loss (loss-scale, the FedMGDA+ "

@@ -118,7 +118,7 @@ def main() -> int:
         fed += " " + args.federation_config
     cmd = [flwr, "run", args.app, "--format", "json", "--federation-config", fed]
     run_config = args.run_config
-    if "output-dir" not in run_config:
+    if "output-dir" not in run_config and Path(args.app).resolve() == ROOT:
         # The ServerApp runs in another working directory; give it an absolute path.
         run_config = (run_config + f" output-dir='{ROOT / 'results' / 'flwr-run'}'").strip()
     if args.overwrite:
@@ -153,7 +153,7 @@ def main() -> int:
                       file=sys.stderr)
                 subprocess.run([flwr, "stop", run_id], env=env, capture_output=True)
                 break
-            time.sleep(2.0)
+            time.sleep(10.0)  # each `flwr ls` is a process that imports Flower
         try:
             stream.wait(timeout=30 if status == "finished:completed" else 5)  # the log's last lines
         except subprocess.TimeoutExpired:

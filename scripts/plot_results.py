@@ -3,7 +3,7 @@
 
 Usage::
 
-    python scripts/plot_results.py results/drfa_fmnist_compare docs/figures/drfa_compare.png
+    python scripts/plot_results.py results/drfa_fmnist_compare docs/figures/drfa_fmnist_compare.png
     python scripts/plot_results.py results/drfa_fmnist_tau docs/figures/drfa_tau.png --local-iterations
 
 ``--local-iterations`` adds a panel of worst-client accuracy against local iterations

@@ -24,7 +24,7 @@ made by ``OMP_NUM_THREADS=1 python -m flowerdro.experiments conf/<name>.toml``:
   (``attack = "update-scale"``; the paper's §6.2.2 attack scales the loss,
   ``attack = "loss-scale"``; unattacked baselines: the long run).
 
-Departures from the paper, forced by a 2-core shared CPU (stated again in the tables):
+Departures from the paper, to keep the runs to CPU hours (stated again in the tables):
 Adult uses one local step of batch 10 per round for every method (AFL's own τ = 1; the
 paper's q-FedAvg / FedMGDA+ run local epochs), and Fashion-MNIST runs far fewer rounds.
 """

@@ -24,7 +24,7 @@ Writes ``<out>/<name>/robustness.json`` and the plots
 instead of cross-entropy (stronger on models whose outputs are close to uniform);
 ``--attack-loss both`` runs each and keeps, per radius, the lower accuracy.
 
-Tuning and seeds (docs/results.md, "Tuned on validation"):
+Tuning and seeds (docs/results/fedrobust.md, "Choosing λ and η₂ on validation images"):
 
 * ``--eval-split validation`` evaluates on training-split images that are in no node's
   training set (:func:`validation_indices`), for choosing hyperparameters without the

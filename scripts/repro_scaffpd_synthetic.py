@@ -4,7 +4,7 @@ Yu, Karimireddy, Ma, Jordan, "Scaff-PD: Communication Efficient Fair and Robust 
 Learning", 2023, https://arxiv.org/abs/2307.13381.
 
 Setting: N = 5 clients, d = 10, m_i = 100 rows a ~ N(0, I), y = ⟨a, x̂ + δ_i⟩
-(``flowerdro.data.synthetic.robust_regression``), f_i(x) = (1/m_i)‖A_i x − y_i‖² + (μ_x/2)‖x‖²,
+(``flowerdro.data.synthetic.robust_regression_problem``), f_i(x) = (1/m_i)‖A_i x − y_i‖² + (μ_x/2)‖x‖²,
 χ² objective ψ(λ) = (ρ/2N)Σ(Nλ_i − 1)² with ρ ∈ {0.01, 0.05, 0.1}, J = 100 full-batch local
 steps, float64 clients. x* comes from cvxpy (Clarabel) on the equivalent convex problem
 min_{x,η} η + Σ_i (f_i(x) − η + ρ)_+²/(2ρN) and is checked to be a saddle point

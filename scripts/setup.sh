@@ -4,7 +4,7 @@
 # constraints.txt, so that no dependency pulls a newer, CUDA-sized torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# pip warns once per package about index locations of this machine's pip config that do
+# pip warns once per package about index locations of the local pip config that do
 # not exist; they are harmless, so keep them out of the log.
 quiet_pip() {
   local log rc=0

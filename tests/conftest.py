@@ -49,3 +49,55 @@ SYNTH_RC = {
 def synth_rc() -> dict:
     """Run config of a small synthetic federation (copy; safe to edit)."""
     return dict(SYNTH_RC)
+
+
+# --------------------------------------------------------------------------- crash and resume
+class _Crash(Exception):
+    """Raised by the patched round hook to cut a run short."""
+
+
+def records_without_wall_time(history: list[dict]) -> list[dict]:
+    """A run's round records less their wall times (``time_s``), which no two runs share."""
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
+
+
+@pytest.fixture
+def crash_and_resume(tmp_path, monkeypatch):
+    """Check that a run cut after a round and resumed equals an uninterrupted run.
+
+    Returns ``check(name, experiment, crash_round=2) -> (whole, resumed)``: ``experiment(root)``
+    is the experiment config (with ``checkpoint-every`` 1) writing under ``root``. ``check`` runs
+    it once whole (``tmp_path/"whole"``), once crashing right after round ``crash_round`` was
+    written with its checkpoint (``tmp_path/"cut"``), then resumes the cut run in its folder.
+    It asserts that both give the same round records (wall times aside) and bit-identical
+    final models, and returns both :class:`~flowerdro.runs.Comparison` results.
+    """
+    import numpy as np
+
+    from flowerdro.experiments import run
+    from flowerdro.strategies.base import FairStrategy
+
+    def check(name: str, experiment, crash_round: int = 2):
+        whole = run(experiment(tmp_path / "whole"), verbose=False)
+        original = FairStrategy._notify
+
+        def crashing(self, event, *args):
+            original(self, event, *args)
+            if event == "on_round" and args[0]["round"] == crash_round:
+                raise _Crash
+
+        monkeypatch.setattr(FairStrategy, "_notify", crashing)
+        with pytest.raises(_Crash):
+            run(experiment(tmp_path / "cut"), verbose=False)
+        monkeypatch.setattr(FairStrategy, "_notify", original)
+        resumed = run({**experiment(tmp_path / "cut"), "resume": True}, verbose=False)
+
+        assert records_without_wall_time(resumed.histories[name][0]) == records_without_wall_time(
+            whole.histories[name][0])
+        a, b = whole.final_arrays[name][0], resumed.final_arrays[name][0]
+        assert list(a.keys()) == list(b.keys())
+        for k in a.keys():
+            np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+        return whole, resumed
+
+    return check

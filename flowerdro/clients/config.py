@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flowerdro.settings import _as_bool
+
 
 class Settings:
     """Layered lookup: message config over run config over defaults."""
@@ -24,6 +26,17 @@ class Settings:
             if key in layer and layer[key] is not None and layer[key] != "":
                 return layer[key]
         return default
+
+    def first_layer(self, *keys: str) -> Settings:
+        """The first layer (message config first) that sets any of ``keys``; empty when none does.
+
+        Keys that decide together (``local-steps`` / ``local-epochs``) are read from one
+        layer, so a run config's ``local-epochs`` never overrides a message's ``local-steps``.
+        """
+        for layer in self._layers:
+            if any(k in layer and layer[k] is not None and layer[k] != "" for k in keys):
+                return Settings(layer)
+        return Settings()
 
     def has(self, key: str) -> bool:
         """Whether any layer sets ``key``."""
@@ -75,18 +88,8 @@ class Settings:
         return out
 
     def bool(self, key: str, default: bool) -> bool:
-        """Boolean setting (accepts true/false, 1/0, yes/no)."""
-        value = self.raw(key, default)
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int | float):
-            return bool(value)
-        text = str(value).strip().lower()
-        if text in ("true", "1", "yes", "on"):
-            return True
-        if text in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{key}: expected true or false, got {value!r}")
+        """Boolean setting (accepts true/false, 1/0, yes/no, on/off), read as the server's settings read it."""
+        return _as_bool(key, self.raw(key, default))
 
     def int_list(self, key: str) -> tuple[int, ...]:
         """Comma-separated integers such as ``"0,3,7"`` (empty when unset)."""

@@ -45,10 +45,6 @@ from flowerdro.core.tilted import DEFAULT_LOG_CAP, MIN_LOG_CAP, tilt_step
 #: Salt that keeps DR-DSGD's minibatch stream apart from the other phases'.
 SALT_DRDSGD = 37
 
-#: Message types served by :func:`drdsgd_reply`.
-MESSAGE_TYPES = ("train.drdsgd", "train.dsgd")
-
-
 @dataclass
 class DRDSGDStepResult:
     """Outcome of :func:`drdsgd_local_step`.

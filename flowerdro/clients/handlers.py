@@ -13,19 +13,25 @@ they expect. See docs/protocol.md for every message type.
 
 from __future__ import annotations
 
-import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
+from flowerdro.buffers import array_view
 from flowerdro.clients.config import Settings
 from flowerdro.clients.training import (
     LOSS_BEFORE_ON,
     LocalData,
     LossFn,
+    TrainResult,
     batch_loss,
     default_device,
     evaluate_model,
@@ -36,7 +42,8 @@ from flowerdro.clients.training import (
     scaled_loss,
     steps_from_epochs,
 )
-from flowerdro.data import DataConfig, get_client_data
+from flowerdro.data import DataConfig
+from flowerdro.data.node_cache import cached_client_data
 from flowerdro.models import build_model
 from flowerdro.protocol import ATTACKS
 
@@ -70,11 +77,57 @@ class ClientRuntime:
         return model.to(device=self.data.x_train.device, dtype=self.data.x_train.dtype)
 
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
-        """A model holding the received weights (error on mismatched keys or shapes)."""
-        model = self.new_model()
-        state = arrays.to_torch_state_dict()
-        model.load_state_dict({k: v.to(self.data.x_train.device) for k, v in state.items()}, strict=True)
+        """A model holding the received weights (error on mismatched keys or shapes).
+
+        The module is built once per model spec, device and dtype in each thread and
+        reused: every call overwrites all of its parameters and buffers with ``arrays``
+        (``load_state_dict(strict=True)``) and clears the gradients, so the result equals a
+        freshly built model loaded with the same weights. One call's model is valid until
+        the next call in the same thread (a handler uses one model at a time).
+        """
+        x = self.data.x_train
+        spec = (self.model_name, self.input_shape, self.num_classes, self.model_kwargs, str(x.device), x.dtype)
+        models = _MODELS.__dict__.setdefault("by_spec", {})
+        entry = models.get(spec)
+        if entry is None:
+            model = self.new_model()
+            entry = models[spec] = (model, list(model.state_dict(keep_vars=True).items()))
+        model, slots = entry
+        if not _copy_into(slots, arrays):  # keys or shapes differ: load_state_dict names the mismatch
+            model.load_state_dict(_torch_state(arrays, x.device), strict=True)
+        model.zero_grad(set_to_none=True)
         return model
+
+
+#: One reusable module per model spec and thread (see :meth:`ClientRuntime.model_from`).
+_MODELS = threading.local()
+
+
+def _copy_into(slots: list[tuple[str, torch.Tensor]], arrays: ArrayRecord) -> bool:
+    """Copy ``arrays`` into the module's parameters and buffers ``slots`` (its ``state_dict(keep_vars=True)``).
+
+    Does what ``load_state_dict`` does (``tensor.copy_(value)`` without autograd) when the
+    keys, in order, and the shapes match exactly, without its walk over the modules;
+    returns False, copying nothing, otherwise.
+    """
+    if list(arrays.keys()) != [k for k, _ in slots]:
+        return False
+    values = [array_view(arrays[k]) for k, _ in slots]
+    if any(tuple(v.shape) != tuple(t.shape) for v, (_, t) in zip(values, slots, strict=True)):
+        return False
+    with torch.no_grad():
+        for v, (_, t) in zip(values, slots, strict=True):
+            t.copy_(torch.from_numpy(np.array(v)))
+    return True
+
+
+def _torch_state(arrays: ArrayRecord, device: torch.device) -> dict[str, torch.Tensor]:
+    """The arrays of a record as torch tensors on ``device``, read from their buffers without parsing.
+
+    The values are copied once (``np.array`` of the buffer view): ``load_state_dict`` copies
+    them again into the module, so no tensor here outlives the call.
+    """
+    return {k: torch.from_numpy(np.array(array_view(arrays[k]))).to(device) for k in arrays.keys()}
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -96,15 +149,25 @@ def partition_of(context: Context) -> tuple[int, int]:
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 
-@functools.lru_cache(maxsize=64)
+#: Client runtimes per data configuration (at most two configurations kept, as the data cache).
+_RUNTIMES: OrderedDict[DataConfig, dict[tuple[Any, ...], ClientRuntime]] = OrderedDict()
+#: The latest runtime of each (partition, count, data cache) with the run config it was built from.
+_LATEST: dict[tuple[int, int, str], tuple[dict[str, Any], ClientRuntime]] = {}
+
+
 def _runtime_cached(
     data_cfg: DataConfig, partition_id: int, model_name: str, model_kwargs: tuple[tuple[str, Any], ...], device: str,
-    precision: str = "float32",
+    precision: str = "float32", data_cache: str = "",
 ) -> ClientRuntime:
-    cd = get_client_data(data_cfg, partition_id)
+    key = (partition_id, model_name, model_kwargs, device, precision)
+    runtimes = _RUNTIMES.get(data_cfg)
+    if runtimes is not None and key in runtimes:
+        _RUNTIMES.move_to_end(data_cfg)
+        return runtimes[key]
+    cd = cached_client_data(data_cfg, partition_id, data_cache)
     data = LocalData.from_numpy(cd.x_train, cd.y_train, cd.x_test, cd.y_test, torch.device(device),
                                 dtype=PRECISIONS[precision])
-    return ClientRuntime(
+    rt = ClientRuntime(
         partition_id=partition_id,
         num_partitions=data_cfg.num_partitions,
         data=data,
@@ -114,44 +177,90 @@ def _runtime_cached(
         model_kwargs=model_kwargs,
         task="regression" if data_cfg.is_regression else "classification",
     )
+    _RUNTIMES.setdefault(data_cfg, {})[key] = rt
+    _RUNTIMES.move_to_end(data_cfg)
+    while len(_RUNTIMES) > 2:
+        _RUNTIMES.popitem(last=False)
+        _LATEST.clear()
+    return rt
+
+
+#: While a :class:`flowerdro.clients.kit.ClientKit` serves a message, the runtime built from
+#: the user's model, data and loss (every handler then trains the user's model).
+RUNTIME_PROVIDER: ContextVar[Callable[[Context], ClientRuntime] | None] = ContextVar(
+    "flowerdro_runtime_provider", default=None)
 
 
 def get_runtime(context: Context) -> ClientRuntime:
     """The node's data and model spec, loaded once per process and reused every round.
 
+    Inside a :class:`flowerdro.clients.kit.ClientKit` route the runtime is the user's (their
+    model factory, data and loss); otherwise flowerdro's own model and data set.
+
     Run-config ``precision`` (``"float32"``, default, or ``"float64"``) sets the dtype of the
     data and the model (float64 for high-accuracy optimisation tests such as SCAFF-PD's
     robust regression). A regression data set (``robust-regression``) trains with the MSE
-    loss and its evaluation reports ``test_loss`` only.
+    loss and its evaluation reports ``test_loss`` only. A node whose run config equals the
+    one of its previous message gets its runtime back without reading the settings again.
+    Node config ``data-cache`` (a folder; else the environment variable
+    ``FLOWERDRO_DATA_CACHE``) keeps the prepared partition on the node, so a fresh process
+    reads one file instead of the whole data set (see :mod:`flowerdro.data.node_cache`).
     """
+    provider = RUNTIME_PROVIDER.get()
+    if provider is not None:
+        return provider(context)
     pid, n = partition_of(context)
+    cache = str(context.node_config.get("data-cache", ""))
+    latest = _LATEST.get((pid, n, cache))
+    if latest is not None and latest[0] == context.run_config:
+        return latest[1]
     s = Settings(context.run_config)
     data_cfg = DataConfig.from_run_config(context.run_config, num_partitions=n)
     kwargs: tuple[tuple[str, Any], ...] = (("hidden", str(s.raw("hidden", "128,64"))),)
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
-    return _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision)
+    _set_threads(s.int("threads", 1, minimum=0))
+    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision, cache)
+    _LATEST[(pid, n, cache)] = (dict(context.run_config), rt)
+    return rt
+
+
+def _set_threads(threads: int) -> None:
+    """Use ``threads`` torch threads (0: leave torch's default of one per core).
+
+    A reduction split over more threads sums in another order, so a full-data loss or
+    gradient can differ in its last bit with the core count; one thread per client makes
+    a seed's results the same on every machine.
+    """
+    import torch
+
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def settings_for(message: Message, context: Context) -> Settings:
     """Message config (``config`` ConfigRecord) over the run config."""
-    cfg = message.content.config_records.get("config")
+    cfg = _config_of(message)
     return Settings(dict(cfg) if cfg is not None else {}, context.run_config)
 
 
-#: Keys that only the strategy may set (in the message), never the run config: they say
-#: which algorithm runs, so a run-config default would leak into other strategies.
-MESSAGE_ONLY_KEYS = ("proximal-mu", "snapshot-step")
+def _config_of(message: Message) -> ConfigRecord | None:
+    """The message's ConfigRecord ``config`` (read directly: ``config_records`` builds a view per access)."""
+    cfg = message.content.get("config")
+    return cfg if isinstance(cfg, ConfigRecord) else None
 
 
 def message_settings(message: Message) -> Settings:
-    """Only the message's own config (for algorithm switches such as ``proximal-mu``)."""
-    cfg = message.content.config_records.get("config")
+    """Only the message's own config, for the keys only a strategy may set (``proximal-mu``, ``snapshot-step``).
+
+    They say which algorithm runs, so a run-config default would leak into other strategies.
+    """
+    cfg = _config_of(message)
     return Settings(dict(cfg) if cfg is not None else {})
 
 
 def _received_arrays(message: Message) -> ArrayRecord:
-    rec = message.content.array_records.get("arrays")
-    if rec is None:
+    rec = message.content.get("arrays")
+    if not isinstance(rec, ArrayRecord):
         if len(message.content.array_records) == 1:
             return next(iter(message.content.array_records.values()))
         raise ValueError("message: expected an ArrayRecord under 'arrays' with the model weights")
@@ -159,9 +268,15 @@ def _received_arrays(message: Message) -> ArrayRecord:
 
 
 def _local_steps(s: Settings, num_train: int, batch_size: int) -> int:
-    if s.has("local-epochs") and float(s.raw("local-epochs")) > 0:
-        return steps_from_epochs(s.float("local-epochs", 1.0, positive=True), num_train, batch_size)
-    return s.int("local-steps", 10, minimum=1)
+    """τ from the first layer that sets ``local-steps`` or ``local-epochs`` (epochs when > 0).
+
+    A message that sets ``local-steps`` (an algorithm's τ) is never overridden by a
+    ``local-epochs`` of the node's run config.
+    """
+    layer = s.first_layer("local-steps", "local-epochs")
+    if layer.has("local-epochs") and float(layer.raw("local-epochs")) > 0:
+        return steps_from_epochs(layer.float("local-epochs", 1.0, positive=True), num_train, batch_size)
+    return layer.int("local-steps", 10, minimum=1)
 
 
 # --------------------------------------------------------------------------- attacks
@@ -199,6 +314,20 @@ def _scale_update(received: ArrayRecord, local: dict[str, torch.Tensor], factor:
 
 
 # --------------------------------------------------------------------------- handlers
+def train_metrics(
+    rt: ClientRuntime, res: TrainResult, *, train_loss: float | None = None, **extra: float | int
+) -> MetricRecord:
+    """The metrics of a local-training reply.
+
+    ``num-examples``, ``partition-id``, ``train_loss`` (the received model's loss, when
+    given), ``train_loss_local`` (mean minibatch loss during the steps), ``local-steps``,
+    then ``extra``.
+    """
+    before = {} if train_loss is None else {"train_loss": float(train_loss)}
+    return MetricRecord({"num-examples": res.num_examples, "partition-id": rt.partition_id, **before,
+                         "train_loss_local": float(res.mean_batch_loss), "local-steps": res.steps, **extra})
+
+
 def train_reply(
     message: Message, context: Context, *, with_snapshot: bool = False
 ) -> Message:
@@ -244,20 +373,7 @@ def train_reply(
         state = _scale_update(received, state, amount)
     elif attack == "bias":
         loss_before += amount
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(state),
-            "metrics": MetricRecord(
-                {
-                    "num-examples": res.num_examples,
-                    "partition-id": rt.partition_id,
-                    "train_loss": float(loss_before),
-                    "train_loss_local": float(res.mean_batch_loss),
-                    "local-steps": res.steps,
-                }
-            ),
-        }
-    )
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": train_metrics(rt, res, train_loss=loss_before)})
     if with_snapshot and res.snapshot is not None:
         snap = res.snapshot if attack != "update-scale" else _scale_update(received, res.snapshot, amount)
         content["snapshot"] = ArrayRecord(snap)

@@ -58,11 +58,12 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import nn
 from torch.nn import functional as F
 
-from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for
+from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for, train_metrics
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
     TrainResult,
+    check_loop_args,
     clone_state,
     make_generator,
     minibatches,
@@ -140,15 +141,6 @@ def shift_record(state: AffineState) -> ArrayRecord:
 
 
 # --------------------------------------------------------------------------- training loops
-def _check_common(steps: int, lr: float, batch_size: int) -> None:
-    if steps < 1:
-        raise ValueError(f"local-steps: τ must be >= 1, got {steps}")
-    if not lr > 0:
-        raise ValueError(f"lr: η₁ must be > 0, got {lr}")
-    if batch_size < 1:
-        raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
-
-
 def fedrobust_local(
     model: nn.Module, data: LocalData, lam: torch.Tensor, delta: torch.Tensor, *, steps: int, lr: float,
     adv_lr: float, penalty: float, batch_size: int, generator: torch.Generator, loss_fn: LossFn | None = None,
@@ -191,7 +183,7 @@ def fedrobust_local(
     (TrainResult, torch.Tensor, torch.Tensor)
         The model state and statistics, Λ_i and δ_i after τ steps.
     """
-    _check_common(steps, lr, batch_size)
+    check_loop_args(steps, lr, batch_size)
     check_ascent_rates(adv_lr, penalty)
     d = flat_dim(data.x_train.shape[1:])
     if tuple(lam.shape) != (d, d) or tuple(delta.shape) != (d,):
@@ -242,7 +234,7 @@ def adversarial_local(
     The attack ascends the same loss ℓ = ``loss_fn`` the step descends (cross-entropy when
     unset, MSE on a regression task).
     """
-    _check_common(steps, lr, batch_size)
+    check_loop_args(steps, lr, batch_size)
     if kind not in ADVERSARIAL_KINDS:
         raise ValueError(f"kind: unknown adversarial training {kind!r}; allowed: {', '.join(ADVERSARIAL_KINDS)}")
     if not eps >= 0:
@@ -308,15 +300,8 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     if not (torch.isfinite(lam).all() and torch.isfinite(delta).all()):
         raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr")
     new_state = AffineState(lam, delta, state.rounds + 1)
-    metrics = MetricRecord({
-        "num-examples": res.num_examples,
-        "partition-id": rt.partition_id,
-        "train_loss_local": float(res.mean_batch_loss),
-        "local-steps": res.steps,
-        "lambda-dev-fro": new_state.lambda_dev_fro,
-        "delta-norm": new_state.delta_norm,
-        "affine-rounds": new_state.rounds,
-    })
+    metrics = train_metrics(rt, res, **{"lambda-dev-fro": new_state.lambda_dev_fro, "delta-norm": new_state.delta_norm,
+                                        "affine-rounds": new_state.rounds})
     content = RecordDict({"arrays": ArrayRecord(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
     return Message(content=content, reply_to=message)
 
@@ -336,13 +321,8 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
         batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
         attack_steps=s.int("pgd-steps", 10, minimum=1), attack_step_size=step_size or None, loss_fn=rt.loss_fn,
     )
-    metrics = MetricRecord({
-        "num-examples": res.num_examples,
-        "partition-id": rt.partition_id,
-        "train_loss_local": float(res.mean_batch_loss),
-        "local-steps": res.steps,
-    })
-    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": metrics}), reply_to=message)
+    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": train_metrics(rt, res)}),
+                   reply_to=message)
 
 
 def affine_state_reply(message: Message, context: Context) -> Message:

@@ -49,6 +49,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
+from flowerdro.buffers import array_view
 from flowerdro.clients.config import Settings
 from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for
 from flowerdro.clients.training import (
@@ -95,7 +96,7 @@ def _tensors(rec: ArrayRecord, model: nn.Module, what: str) -> dict[str, torch.T
     for name in _param_names(model):
         if name not in rec:
             raise ValueError(f"{what}: array '{name}' missing")
-        t = torch.as_tensor(rec[name].numpy())
+        t = torch.from_numpy(np.array(array_view(rec[name])))  # a copy: the view is read-only
         p = params[name]
         if tuple(t.shape) != tuple(p.shape):
             raise ValueError(f"{what}: array '{name}' has shape {tuple(t.shape)}, expected {tuple(p.shape)}")

@@ -1,4 +1,4 @@
-r"""Affine distribution shifts x ↦ Λx + δ: the map, the ball projections, FedRobust's ascent step.
+r"""Affine distribution shifts x ↦ Λx + δ: the shape check of the map, the ball projections, FedRobust's ascent step.
 
 Reisizadeh, Farnia, Pedarsani, Jadbabaie, "Robust Federated Learning: The Case of Affine
 Distribution Shifts", NeurIPS 2020, https://arxiv.org/abs/2006.08907 (FedRobust / FLRA).
@@ -17,12 +17,12 @@ d×d matrix with d = C·H·W, so one (Λ, δ) holds d² + d numbers
 (:func:`affine_state_bytes`: 2.46 MB in float32 for MNIST, d = 784; 37.76 MB for
 CIFAR-10, d = 3072). :func:`check_affine_dim` refuses a dimension above a limit.
 
-This module is the arithmetic only (numpy): the map, the projections onto the balls
+This module is the arithmetic only (numpy): the shape check of the map, the projections onto the balls
 ‖Λ − I‖_F ≤ ε₁ and ‖δ‖₂ ≤ ε₂, and the ascent step on (Λ, δ) given the loss gradients.
 :func:`affine_ascent_update`, :func:`project_frobenius_ball` and :func:`project_l2_ball`
 use nothing but arithmetic on their arguments, so the torch code of
-:mod:`flowerdro.clients.affine` (the gradients, the attacks) calls them on tensors too,
-passing its own identity matrix.
+:mod:`flowerdro.models.affine` (the differentiable map, the gradients, the attacks) calls them
+on tensors too, passing its own identity matrix.
 """
 
 from __future__ import annotations
@@ -87,38 +87,6 @@ def check_affine_dim(d: int, max_dim: int = DEFAULT_MAX_DIM) -> None:
 
 
 # --------------------------------------------------------------------------- the map
-def identity_shift(d: int, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """(Λ, δ) = (I_d, 0): no shift, the initial state of every FedRobust client."""
-    return np.eye(d, dtype=dtype), np.zeros(d, dtype=dtype)
-
-
-def apply_affine(x: np.ndarray, lam: np.ndarray, delta: np.ndarray) -> np.ndarray:
-    r"""x ↦ Λ x + δ on the flattened input, returned in the input's shape.
-
-    Parameters
-    ----------
-    x : numpy.ndarray
-        A batch of shape (n, *input_shape) with ∏ input_shape = d.
-    lam : numpy.ndarray
-        Λ, shape (d, d).
-    delta : numpy.ndarray
-        δ, shape (d,).
-
-    Returns
-    -------
-    numpy.ndarray
-        Rows x_j' = Λ x_j + δ, reshaped to ``x.shape``.
-
-    Raises
-    ------
-    ValueError
-        If x has no batch dimension or Λ, δ do not match its flattened dimension d.
-    """
-    x = np.asarray(x)
-    d = check_shift_shapes(x.shape, np.shape(lam), np.shape(delta))
-    return (x.reshape(x.shape[0], d) @ np.asarray(lam).T + np.asarray(delta)).reshape(x.shape)
-
-
 def check_shift_shapes(x_shape: Sequence[int], lam_shape: Sequence[int], delta_shape: Sequence[int]) -> int:
     """d for a batch of shape ``x_shape``, after checking Λ is (d, d) and δ is (d,).
 

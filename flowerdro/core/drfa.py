@@ -30,8 +30,15 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import wrightomega
 
-from flowerdro.core.dual import _local_steps, _nonnegative, _positive, _simplex_and_vector, _vector
-from flowerdro.core.simplex import floor_simplex, project_simplex
+from flowerdro.core.simplex import (
+    _as_vector,
+    _local_steps,
+    _nonnegative,
+    _positive,
+    _simplex_and_vector,
+    floor_simplex,
+    project_simplex,
+)
 
 __all__ = [
     "DESIGNS",
@@ -265,7 +272,7 @@ def loss_vector(num_clients: int, sampled_ids: Sequence[int] | ArrayLike, losses
     ids = ids_raw.astype(np.int64)
     if ids.min() < 0 or ids.max() >= n:
         raise ValueError(f"sampled_ids must be in [0, num_clients) = [0, {n}), got min {ids.min()} and max {ids.max()}")
-    f = _vector(losses, "losses")
+    f = _as_vector(losses, "losses")
     if f.size != ids.size:
         raise ValueError(f"losses must have one entry per sampled id (m={ids.size}), got {f.size}")
     v = np.zeros(n)

@@ -56,6 +56,68 @@ def _as_vector(x: ArrayLike, name: str) -> np.ndarray:
     return arr
 
 
+# ------------------------------------------------------------ argument checks of core/
+# Tolerance for "λ is a point of the simplex" on inputs (λ comes from earlier rounds
+# and from floating-point projections, so exact equality is not expected).
+_SIMPLEX_ATOL = 1e-6
+
+
+def _simplex_point(x: ArrayLike, name: str) -> np.ndarray:
+    arr = _as_vector(x, name)
+    if arr.min() < -_SIMPLEX_ATOL or abs(arr.sum() - 1.0) > _SIMPLEX_ATOL:
+        raise ValueError(
+            f"{name} must lie on the probability simplex (entries >= 0 and sum 1, "
+            f"tolerance {_SIMPLEX_ATOL}), got min {arr.min()} and sum {arr.sum()}"
+        )
+    return arr
+
+
+def _same_length(x: np.ndarray, name: str, ref: np.ndarray, ref_name: str) -> None:
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"{name} must have the same length as {ref_name} (N={ref.size}), got {x.size}"
+        )
+
+
+def _simplex_and_vector(lam: ArrayLike, v: ArrayLike, v_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a point λ of the simplex and a finite vector of the same length."""
+    lam_arr = _simplex_point(lam, "lam")
+    v_arr = _as_vector(v, v_name)
+    _same_length(v_arr, v_name, lam_arr, "lam")
+    return lam_arr, v_arr
+
+
+def _real(x: float, name: str, allowed: str) -> float:
+    try:
+        val = float(x)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a real number in {allowed}, got {x!r}") from exc
+    if not np.isfinite(val):
+        raise ValueError(f"{name} must be a finite real number in {allowed}, got {x!r}")
+    return val
+
+
+def _positive(x: float, name: str) -> float:
+    val = _real(x, name, "(0, inf)")
+    if val <= 0.0:
+        raise ValueError(f"{name} must be > 0 (allowed range (0, inf)), got {x!r}")
+    return val
+
+
+def _nonnegative(x: float, name: str) -> float:
+    val = _real(x, name, "[0, inf)")
+    if val < 0.0:
+        raise ValueError(f"{name} must be >= 0 (allowed range [0, inf)), got {x!r}")
+    return val
+
+
+def _local_steps(x: float, name: str = "tau") -> float:
+    val = _real(x, name, "[1, inf)")
+    if val < 1.0:
+        raise ValueError(f"{name} must be >= 1 (allowed range [1, inf)), got {x!r}")
+    return val
+
+
 def _shift_by_max(v: np.ndarray) -> np.ndarray:
     """Return ``v - max(v)`` without overflow warnings.
 

@@ -9,7 +9,7 @@ The rest of the package uses::
 per process by `load_federated`). Data sets: LEAF's Synthetic(α, β) (generated, the
 offline default), Fashion-MNIST, MNIST, Adult and CIFAR-10, from ``data-dir`` /
 ``$FLOWERDRO_DATA`` or else the Hugging Face hub (`DatasetNotFoundError` when neither
-works). `robust_regression` generates SCAFF-PD's §6.1 regression clients.
+works). `robust_regression_problem` generates SCAFF-PD's §6.1 regression clients.
 """
 
 from flowerdro.data.config import DATASETS, PARTITIONS, TEST_MODES, DataConfig
@@ -19,7 +19,6 @@ from flowerdro.data.sources import DatasetNotFoundError, RawDataset, load_raw
 from flowerdro.data.synthetic import (
     RobustRegressionProblem,
     leaf_synthetic,
-    robust_regression,
     robust_regression_problem,
 )
 
@@ -39,6 +38,5 @@ __all__ = [
     "load_raw",
     "parse_idx",
     "read_idx",
-    "robust_regression",
     "robust_regression_problem",
 ]

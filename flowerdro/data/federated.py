@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,29 @@ from flowerdro.data.synthetic import leaf_synthetic, robust_regression_problem
 _STREAM_SPLIT, _STREAM_CAP, _STREAM_REDUCE, _STREAM_TEST, _STREAM_AFFINE = 1, 2, 3, 4, 5
 
 
+class SplitSizes:
+    """``num_train`` and ``num_test`` of a client's data, the lengths of its ``y_train`` and ``y_test``.
+
+    Shared by the numpy :class:`ClientData` and the torch
+    :class:`flowerdro.clients.training.LocalData`.
+    """
+
+    y_train: Any
+    y_test: Any
+
+    @property
+    def num_train(self) -> int:
+        """Number of training examples."""
+        return int(self.y_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        """Number of test examples."""
+        return int(self.y_test.shape[0])
+
+
 @dataclass(frozen=True)
-class ClientData:
+class ClientData(SplitSizes):
     """One client's local data.
 
     Attributes
@@ -88,16 +110,6 @@ class ClientData:
     y_test: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
-
-    @property
-    def num_train(self) -> int:
-        """Number of training examples."""
-        return int(self.y_train.shape[0])
-
-    @property
-    def num_test(self) -> int:
-        """Number of test examples."""
-        return int(self.y_test.shape[0])
 
 
 def _rng(seed: int, stream: int, client: int = 0) -> np.random.Generator:

@@ -184,11 +184,7 @@ class InProcessGrid(LocalGrid):
         """Queue ``messages`` (nothing runs yet) and return their message ids, in order."""
         ids = []
         for msg in messages:
-            nid = int(msg.metadata.dst_node_id)
-            if nid not in self.contexts:
-                raise ValueError(f"dst_node_id: unknown node {nid}")
-            mid = f"m{next(self._ids)}"
-            msg.metadata._message_id = mid  # a SuperLink would assign it
+            mid = self._accept(msg)
             self._queued[mid] = msg
             self._pushed_at[mid] = self.clock()
             ids.append(mid)
@@ -226,10 +222,7 @@ class InProcessGrid(LocalGrid):
         """
         replies, waited = [], 0.0
         for msg in messages:
-            nid = int(msg.metadata.dst_node_id)
-            if nid not in self.contexts:
-                raise ValueError(f"dst_node_id: unknown node {nid}")
-            msg.metadata._message_id = f"m{next(self._ids)}"  # a SuperLink would assign it
+            self._accept(msg)
             delay = self._delay(msg)
             waited = max(waited, delay if timeout is None else min(delay, timeout))
             reply, elapsed = self._deliver(msg)
@@ -240,6 +233,15 @@ class InProcessGrid(LocalGrid):
             raise RuntimeError("timeout: a client never answers and send_and_receive was given no timeout")
         self.sleep(waited)
         return replies
+
+    def _accept(self, msg: Message) -> str:
+        """Check that ``msg`` goes to a known node and give it a message id, as a SuperLink would."""
+        nid = int(msg.metadata.dst_node_id)
+        if nid not in self.contexts:
+            raise ValueError(f"dst_node_id: unknown node {nid}")
+        mid = f"m{next(self._ids)}"
+        msg.metadata._message_id = mid
+        return mid
 
     def _deliver(self, msg: Message) -> tuple[Message | None, float]:
         """Run the ClientApp on ``msg`` with the node's Context and faults: (reply or None, seconds)."""

@@ -70,7 +70,27 @@ class MLP(nn.Module):
         return self.net(x.flatten(1))
 
 
-class SmallCNN(nn.Module):
+class _ConvNet(nn.Module):
+    """A CNN as two stages: ``features`` (convolutions, pooling) then ``head`` (flatten, FC layers)."""
+
+    features: nn.Sequential
+    head: nn.Sequential
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.features(x))
+
+
+def _feature_map(input_shape: Sequence[int], layers: Sequence[tuple[str, int]]) -> tuple[int, int, int]:
+    """(c, h', w'): the input's channels and the sides after ``layers`` (see :func:`_conv_pool_side`)."""
+    c, h, w = _image_shape(input_shape)
+    return c, _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+
+
+#: Two rounds of an unpadded 5×5 convolution then a 2×2 max-pool (LeNet, FedMGDA+'s CIFAR and FMNIST CNNs).
+_TWO_CONV5_POOL2 = (("conv", 5), ("pool", 2), ("conv", 5), ("pool", 2))
+
+
+class SmallCNN(_ConvNet):
     """Two 5×5 conv layers (32, 64 channels) with max-pooling and one hidden FC layer.
 
     A small CNN for 28×28 grey-scale digits (the FedRobust MNIST experiments).
@@ -87,11 +107,8 @@ class SmallCNN(nn.Module):
             nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), fc), nn.ReLU(), nn.Linear(fc, num_classes)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.head(self.features(x))
 
-
-class LeNetCNN(nn.Module):
+class LeNetCNN(_ConvNet):
     """LeNet-style CNN: conv5×5(c1) → pool → conv5×5(c2) → pool → FC(f1) → FC(f2) → FC(classes).
 
     With the defaults (c1, c2) = (6, 16), (f1, f2) = (120, 84) it is LeNet-5 (``lenet``),
@@ -107,22 +124,18 @@ class LeNetCNN(nn.Module):
         hidden: tuple[int, int] = (120, 84),
     ) -> None:
         super().__init__()
-        c, h, w = _image_shape(input_shape)
+        c, hh, ww = _feature_map(input_shape, _TWO_CONV5_POOL2)
         c1, c2 = channels
         self.features = nn.Sequential(
             nn.Conv2d(c, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2),
         )
-        hh, ww = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
         self.head = nn.Sequential(
             nn.Flatten(),
             nn.Linear(c2 * hh * ww, hidden[0]), nn.ReLU(),
             nn.Linear(hidden[0], hidden[1]), nn.ReLU(),
             nn.Linear(hidden[1], num_classes),
         )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.head(self.features(x))
 
 
 def _conv_pool_side(side: int, layers: Sequence[tuple[str, int]]) -> int:
@@ -134,7 +147,7 @@ def _conv_pool_side(side: int, layers: Sequence[tuple[str, int]]) -> int:
     return side
 
 
-class FedMGDACifarCNN(nn.Module):
+class FedMGDACifarCNN(_ConvNet):
     """The FedMGDA+ paper's CIFAR-10 network (Hu et al., arXiv:2006.11489, Table 2), ``cnn_cifar10``.
 
     conv5×5 3→64 → ReLU → maxpool 2 → LRN → conv5×5 64→64 → ReLU → LRN → maxpool 2 →
@@ -147,9 +160,7 @@ class FedMGDACifarCNN(nn.Module):
 
     def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
         super().__init__()
-        c, h, w = _image_shape(input_shape)
-        layers = (("conv", 5), ("pool", 2), ("conv", 5), ("pool", 2))
-        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        c, hh, ww = _feature_map(input_shape, _TWO_CONV5_POOL2)
         self.features = nn.Sequential(
             nn.Conv2d(c, 64, 5), nn.ReLU(), nn.MaxPool2d(2), _lrn(),
             nn.Conv2d(64, 64, 5), nn.ReLU(), _lrn(), nn.MaxPool2d(2),
@@ -161,15 +172,12 @@ class FedMGDACifarCNN(nn.Module):
             nn.Linear(192, num_classes),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.head(self.features(x))
-
 
 def _lrn() -> nn.Module:
     return nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)
 
 
-class FedMGDAFmnistCNN(nn.Module):
+class FedMGDAFmnistCNN(_ConvNet):
     """The FedMGDA+ paper's Fashion-MNIST network (arXiv:2006.11489, Table 3), ``cnn_fmnist``.
 
     conv5×5 1→10 → maxpool 2 → ReLU → conv5×5 10→20 → maxpool 2 → ReLU → Dropout2d(0.5) →
@@ -180,9 +188,7 @@ class FedMGDAFmnistCNN(nn.Module):
 
     def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
         super().__init__()
-        c, h, w = _image_shape(input_shape)
-        layers = (("conv", 5), ("pool", 2), ("conv", 5), ("pool", 2))
-        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        c, hh, ww = _feature_map(input_shape, _TWO_CONV5_POOL2)
         self.features = nn.Sequential(
             nn.Conv2d(c, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
             nn.Conv2d(10, 20, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Dropout2d(0.5),
@@ -193,11 +199,8 @@ class FedMGDAFmnistCNN(nn.Module):
             nn.Linear(50, num_classes),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.head(self.features(x))
 
-
-class FedMGDAFemnistCNN(nn.Module):
+class FedMGDAFemnistCNN(_ConvNet):
     """The FedMGDA+ paper's FEMNIST network (arXiv:2006.11489, Table 4), ``cnn_femnist``.
 
     conv3×3 1→32 → ReLU → conv3×3 32→64 → ReLU → maxpool 2 → Dropout(0.25) →
@@ -207,9 +210,7 @@ class FedMGDAFemnistCNN(nn.Module):
 
     def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
         super().__init__()
-        c, h, w = _image_shape(input_shape)
-        layers = (("conv", 3), ("conv", 3), ("pool", 2))
-        hh, ww = _conv_pool_side(h, layers), _conv_pool_side(w, layers)
+        c, hh, ww = _feature_map(input_shape, (("conv", 3), ("conv", 3), ("pool", 2)))
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, 3), nn.ReLU(),
             nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
@@ -219,9 +220,6 @@ class FedMGDAFemnistCNN(nn.Module):
             nn.Linear(64 * hh * ww, 128), nn.ReLU(), nn.Dropout(0.5),
             nn.Linear(128, num_classes),
         )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.head(self.features(x))
 
 
 def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:

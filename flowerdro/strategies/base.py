@@ -17,9 +17,7 @@ the clients, then a round record handed to the observers (``add_observer``: a
 
 from __future__ import annotations
 
-import copy
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from logging import INFO, WARNING
@@ -32,11 +30,18 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID, TrainingSettings
+from flowerdro.protocol import NUM_EXAMPLES, TrainingSettings
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays  # noqa: F401
+from flowerdro.strategies.checkpoint import ServerState
 from flowerdro.strategies.messaging import Communicator, Failure, metrics_of, missing_route_hint
-from flowerdro.strategies.records import ClientResults, mean_of_metric_records, missing_partitions
+from flowerdro.strategies.records import (
+    ClientResults,
+    mean_of_metric_records,
+    missing_partitions,
+    round_line,
+    round_record,
+)
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError"]
 
@@ -48,6 +53,8 @@ class LoopSettings(Settings):
     fraction_train: float = setting(1.0, "fraction of the connected clients sampled for training", gt=0, le=1)
     min_train_nodes: int = setting(1, "at least this many clients are sampled for training", ge=1)
     fraction_evaluate: float = setting(1.0, "fraction of the clients asked to evaluate (0: none)", ge=0, le=1)
+    evaluate_sample: int = setting(300, "at most this many clients evaluate per round, a seeded sample "
+                                        "(0: no cap; the fairness numbers' *_n say how many reported)", ge=0)
     evaluate_every: int = setting(1, "evaluate every k rounds (and always after the last)", ge=1)
     min_available_nodes: int = setting(1, "wait for this many connected clients before a round", ge=1)
     seed: int = setting(0, "seed of sampling, client minibatches and the initial model")
@@ -69,57 +76,7 @@ class EmptySettings(Settings):
     """Settings of a strategy that has none of its own."""
 
 
-class _TransitionalAttributes:
-    """Attribute names the algorithm modules used before the loop settings became one object."""
-
-    loop: LoopSettings
-    comm: Communicator
-    _writer_dir: Any = None
-
-    @property
-    def seed(self) -> int:  # noqa: D102
-        return self.loop.seed
-
-    @property
-    def fraction_train(self) -> float:  # noqa: D102
-        return self.loop.fraction_train
-
-    @property
-    def fraction_evaluate(self) -> float:  # noqa: D102
-        return self.loop.fraction_evaluate
-
-    @property
-    def min_available_nodes(self) -> int:  # noqa: D102
-        return self.loop.min_available_nodes
-
-    @min_available_nodes.setter
-    def min_available_nodes(self, value: int) -> None:
-        from dataclasses import replace
-
-        self.loop = replace(self.loop, min_available_nodes=int(value))
-
-    @property
-    def node_to_partition(self) -> dict[int, int]:  # noqa: D102
-        return self.comm.node_to_partition
-
-    @property
-    def timeout(self) -> float:  # noqa: D102
-        return self.comm.timeout
-
-    @property
-    def pull_interval(self) -> float:  # noqa: D102
-        return self.comm.pull_interval
-
-    @pull_interval.setter
-    def pull_interval(self, value: float) -> None:
-        self.comm.pull_interval = float(value)
-
-    @property
-    def output_dir(self) -> Any:  # noqa: D102
-        return self._writer_dir
-
-
-class FairStrategy(_TransitionalAttributes, Strategy):
+class FairStrategy(ServerState, Strategy):
     """Base of flowerdro strategies: seeded sampling, per-client metrics, failures, loud failure.
 
     Parameters
@@ -163,7 +120,6 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         self.wait_timeout = 120.0
         self._observers: list[Any] = []
         self._round = 0
-        self._asked: set[int] = set()
 
     # ------------------------------------------------------------------ settings and observers
     @property
@@ -190,8 +146,6 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Follow the run: ``observer`` may define ``on_start(strategy, num_rounds)``,
         ``on_round(strategy, record)`` and ``on_end(strategy, final_arrays)``."""
         self._observers.append(observer)
-        if getattr(observer, "output_dir", None) is not None:
-            self._writer_dir = observer.output_dir
 
     def add_round_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Call ``fn(record)`` after every round (progress bars, early stopping, tests)."""
@@ -205,53 +159,20 @@ class FairStrategy(_TransitionalAttributes, Strategy):
 
     # ------------------------------------------------------------------ nodes and sampling
     def nodes(self, grid: Grid) -> list[int]:
-        """Connected node ids in partition order; waits (up to ``wait_timeout``) for ``min-available-nodes``.
-
-        Nodes whose partition is known come first, by partition id, then the others by node
-        id. A node never heard from is asked its partition once (:meth:`roll_call`), so
-        sampling, which draws positions in this list, selects the same partitions for a seed
-        whatever ids the nodes got (simulation, deployment and in-process runs agree, and a
-        restarted node takes its partition's place).
-        """
-        start = time.monotonic()
-        while True:
-            connected = [int(n) for n in grid.get_node_ids()]
-            if len(connected) >= self.loop.min_available_nodes:
-                self.roll_call(grid, connected)
-                part = self.comm.node_to_partition
-                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
-            if time.monotonic() - start > self.wait_timeout:
-                raise RuntimeError(f"min-available-nodes: waited {self.wait_timeout:.0f} s for "
-                                   f"{self.loop.min_available_nodes} nodes, only {len(connected)} connected")
-            log(INFO, "Waiting for nodes: %d connected, %d needed", len(connected), self.loop.min_available_nodes)
-            time.sleep(1.0)
-
-    def roll_call(self, grid: Grid, node_ids: Sequence[int]) -> None:
-        """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
-
-        A node that does not answer, or answers without a ``partition-id``, is learnt from
-        its first reply instead.
-        """
-        ask = [n for n in node_ids if n not in self.comm.node_to_partition and n not in self._asked]
-        if not ask:
-            return
-        self._asked.update(ask)
-        content = RecordDict({"config": ConfigRecord({"weights": False})})
-        messages = [Message(content=content.copy() if hasattr(content, "copy") else content,
-                            dst_node_id=n, message_type="query.init") for n in ask]
-        try:
-            replies = list(grid.send_and_receive(messages, timeout=min(self.comm.timeout, 120.0)))
-        except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
-            log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
-            return
-        for reply in replies:
-            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
-            if metrics is not None and "partition-id" in metrics:
-                self.comm.learn(int(reply.metadata.src_node_id), int(metrics["partition-id"]))
+        """Connected node ids in partition order (:meth:`Communicator.roster`), at least ``min-available-nodes``."""
+        return self.comm.roster(grid, self.loop.min_available_nodes, self.wait_timeout)
 
     def num_train_nodes(self, num_nodes: int) -> int:
         """How many nodes to sample: ``max(min-train-nodes, round(fraction-train·N))``, at most N."""
         return int(min(num_nodes, max(self.loop.min_train_nodes, round(self.loop.fraction_train * num_nodes))))
+
+    def num_evaluate_nodes(self, num_nodes: int) -> int:
+        """How many nodes evaluate: ``min(max(1, round(fraction-evaluate·N)), evaluate-sample)``.
+
+        ``evaluate-sample = 0`` lifts the cap (every node with ``fraction-evaluate = 1``).
+        """
+        k = max(1, round(self.loop.fraction_evaluate * num_nodes))
+        return min(k, self.loop.evaluate_sample) if self.loop.evaluate_sample > 0 else k
 
     def sample(self, node_ids: Sequence[int], k: int, *, p: np.ndarray | None = None,
                replace: bool = False) -> list[int]:
@@ -316,7 +237,7 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         if self.loop.fraction_evaluate == 0.0:
             return []
         nodes = self.nodes(grid)
-        k = max(1, round(self.loop.fraction_evaluate * len(nodes)))
+        k = self.num_evaluate_nodes(len(nodes))
         chosen = nodes if k >= len(nodes) else sorted(self.sample(nodes, k))
         content = RecordDict({"arrays": arrays, "config": ConfigRecord({**dict(config),
                                                                         "server-round": server_round})})
@@ -325,6 +246,13 @@ class FairStrategy(_TransitionalAttributes, Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Keep every client's metrics per partition and summarise them (fairness numbers)."""
         return self.results.update(replies, self.comm.node_to_partition)
+
+    def initialize_parameters(self, client_manager: Any) -> None:
+        """Refuse Flower's legacy ``Server`` loop, naming the adapter that runs this strategy there."""
+        raise TypeError(f"{self.name}: a Message-API strategy cannot be the strategy of a legacy "
+                        "ServerAppComponents; use flowerdro.legacy.LegacyStrategy"
+                        f"('{self.name}', run_config, num_rounds=...) there (see the README, "
+                        "'Use flowerdro in your own Flower project')")
 
     # ------------------------------------------------------------------ hooks for subclasses
     def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
@@ -357,44 +285,6 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         """Files a run leaves besides its records, by name: a dict is written as JSON, a mapping
         of arrays as ``.npz`` (e.g. DR-DSGD's device models); none by default."""
         return {}
-
-    # ------------------------------------------------------------------ checkpoints
-    def server_state(self) -> dict[str, Any]:
-        """Everything the server needs to continue the run after the current round.
-
-        The global model, the round counter, the generator's state, the node ↔ partition
-        map, the failures, the latest per-client results, the history so far and the
-        algorithm's own state (``self.state``: λ, control variates, device models, step
-        schedules, … whatever the strategy keeps between rounds).
-        """
-        arrays = self.current_arrays
-        return {
-            "round": self._round,
-            "arrays": None if arrays is None else {k: arrays[k].numpy() for k in arrays.keys()},
-            "rng": self.rng.bit_generator.state,
-            "node_to_partition": dict(self.comm.node_to_partition),
-            "partitions_seen": sorted(self.comm.partitions_seen),
-            "failures": list(self.comm.failures),
-            "results": {p: dict(v) for p, v in self.results.latest.items()},
-            "history": list(self.history),
-            "failed_in_row": getattr(self, "_failed_in_row", 0),
-            "state": copy.deepcopy(getattr(self, "state", None)),
-        }
-
-    def restore(self, checkpoint: Mapping[str, Any]) -> ArrayRecord:
-        """Put the server back in the state of ``checkpoint``; returns the global model."""
-        self._round = int(checkpoint["round"])
-        self.rng.bit_generator.state = checkpoint["rng"]
-        # what the nodes connected now said of themselves wins over the checkpoint's map
-        self.comm.node_to_partition = {**dict(checkpoint["node_to_partition"]), **self.comm.node_to_partition}
-        self.comm.partitions_seen = set(checkpoint["partitions_seen"])
-        self.comm.failures = list(checkpoint["failures"])
-        self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}
-        self.history = list(checkpoint["history"])
-        if checkpoint.get("state") is not None:
-            self.state = copy.deepcopy(checkpoint["state"])
-        self.current_arrays = numpy_to_arrays(list(checkpoint["arrays"]), list(checkpoint["arrays"].values()))
-        return self.current_arrays
 
     # ------------------------------------------------------------------ the loop
     def start(
@@ -442,7 +332,7 @@ class FairStrategy(_TransitionalAttributes, Strategy):
             self.current_arrays = result.arrays = arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
-            self._failed_in_row = failed_in_row = failed_in_row + 1 if self._no_train_reply() else 0
+            self._failed_in_row = failed_in_row = failed_in_row + 1 if self.comm.no_train_reply() else 0
             eval_metrics, missing = None, None
             if rnd % self.loop.evaluate_every == 0 or rnd == num_rounds:
                 eval_metrics, missing = self._evaluate(rnd, grid, arrays, evaluate_config)
@@ -450,29 +340,22 @@ class FairStrategy(_TransitionalAttributes, Strategy):
                     result.evaluate_metrics_clientapp[rnd] = eval_metrics
             if evaluate_fn is not None and (res := evaluate_fn(rnd, self.evaluation_arrays(arrays))) is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
-            record = self._round_record(rnd, time.time() - t0, train_metrics, eval_metrics, missing)
+            record = round_record(self, rnd, time.time() - t0, train_metrics, eval_metrics, missing)
             self.history.append(record)
-            self._log_round(record, num_rounds)
+            log(INFO, round_line(record, num_rounds))
             self._notify("on_round", record)
             if failed_in_row >= self.loop.max_failed_rounds:
-                raise RunFailedError(self._failure_message(failed_in_row))
+                reason = self.comm.failed_rounds_reason(self._round, failed_in_row)
+                hint = missing_route_hint(reason)
+                raise RunFailedError(
+                    f"[{self.run_name}] no valid training reply in {failed_in_row} rounds in a row "
+                    f"(max-failed-rounds = {self.loop.max_failed_rounds}); most frequent reason: {reason}"
+                    + (f"\n=> {hint}" if hint else ""))
         final = result.arrays = self.output_arrays(arrays)
         log(INFO, "[%s] finished %d rounds in %.1f s (%d dropped replies)", self.run_name, num_rounds,
             time.time() - t_run, len(self.failures))
         self._notify("on_end", final)
         return result
-
-    def _no_train_reply(self) -> bool:
-        """Whether this round's training phase was sent but brought no valid reply."""
-        fails = [f for f in self.comm.failures_of_round() if f.phase == "train"]
-        return bool(fails) and self.comm.valid_replies.get("train", 0) == 0
-
-    def _failure_message(self, rounds: int) -> str:
-        fails = [f for f in self.failures if f.phase == "train" and f.round > self._round - rounds]
-        reason = self.comm.most_frequent_reason(fails) or "unknown"
-        hint = missing_route_hint(reason)
-        return (f"[{self.run_name}] no valid training reply in {rounds} rounds in a row (max-failed-rounds = "
-                f"{self.loop.max_failed_rounds}); most frequent reason: {reason}" + (f"\n=> {hint}" if hint else ""))
 
     def _evaluate(self, rnd: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
                   ) -> tuple[MetricRecord | None, dict[str, str]]:
@@ -482,56 +365,13 @@ class FairStrategy(_TransitionalAttributes, Strategy):
         replies = self.communicate(grid, msgs, phase="evaluate", required_metrics=(self.eval_metric,))
         metrics = self.aggregate_evaluate(rnd, replies)
         asked = {self.partition(int(m.metadata.dst_node_id)) for m in msgs}
-        connected = set(self.comm.nodes_of(self.nodes(grid)))
-        full = self.loop.fraction_evaluate == 1.0
+        nodes = self.nodes(grid)
+        connected = set(self.comm.nodes_of(nodes))
+        full = len(msgs) >= len(nodes)
         gone = sorted(self.comm.partitions_seen - connected) if full else []
         reported = [self.partition(int(r.metadata.src_node_id)) for r in replies]
         fails = [f for f in self.comm.failures_of_round() if f.phase == "evaluate"]
         return metrics, missing_partitions([p for p in asked if p is not None], reported, fails, gone)
-
-    def _round_record(self, rnd: int, seconds: float, train_metrics: MetricRecord | None,
-                      eval_metrics: MetricRecord | None, missing: dict[str, str] | None) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "strategy": self.run_name, "round": rnd, "time_s": round(seconds, 4),
-            "bytes_sent": self.comm.bytes_sent, "bytes_received": self.comm.bytes_received,
-            "failures": dict(Counter(f"{f.phase}:{f.kind}" for f in self.comm.failures_of_round())),
-        }
-        if train_metrics is not None:
-            rec["train"] = {k: v for k, v in train_metrics.items()
-                            if isinstance(v, int | float) and k != PARTITION_ID}
-        if eval_metrics is not None:
-            rec.update({k: v for k, v in eval_metrics.items() if isinstance(v, int | float)})
-            acc = self.results.values(self.loop.accuracy_metric)
-            if acc:
-                rec["client_acc"] = {str(p): round(v, 6) for p, v in sorted(acc.items())}
-            else:  # regression: per-client test loss instead
-                rec["client_loss"] = {str(p): v for p, v in sorted(self.results.values(self.loop.loss_metric).items())}
-        if missing is not None:
-            rec["missing"] = missing
-        rec.update(self.round_extras())
-        return rec
-
-    def _log_round(self, rec: dict[str, Any], num_rounds: int) -> None:
-        parts = [f"[{self.run_name}] round {rec['round']}/{num_rounds}"]
-        if "acc_mean" in rec:
-            parts.append(f"acc mean {rec['acc_mean']:.4f} worst {rec['acc_worst']:.4f} "
-                         f"w20 {rec['acc_worst20']:.4f} std {rec['acc_std']:.4f}"
-                         + (f" | loss {rec['loss_mean']:.4f}" if "loss_mean" in rec else ""))
-        elif "loss_mean" in rec:
-            parts.append(f"loss mean {rec['loss_mean']:.6g} worst {rec['loss_worst']:.6g}")
-        parts.append(f"{rec['time_s']:.2f}s sent {rec['bytes_sent'] / 1e6:.2f}MB "
-                     f"recv {rec['bytes_received'] / 1e6:.2f}MB")
-        if rec["failures"]:
-            parts.append(f"dropped {sum(rec['failures'].values())}")
-        if rec.get("missing"):
-            parts.append(f"missing {len(rec['missing'])}")
-        log(INFO, " | ".join(parts))
-
-
-def _mean_metrics(contents: Sequence[RecordDict]) -> MetricRecord:
-    """Example-weighted mean of the scalar metrics every reply content shares."""
-    return mean_of_metric_records([c.metric_records.get("metrics") or next(iter(c.metric_records.values()))
-                                   for c in contents])
 
 
 class _RoundCallback:

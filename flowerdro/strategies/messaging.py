@@ -20,9 +20,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -34,10 +34,16 @@ __all__ = ["Communicator", "Failure", "metrics_of", "missing_route_hint"]
 
 
 def metrics_of(message: Message) -> MetricRecord:
-    """The reply's metrics: its MetricRecord ``"metrics"``, else its only MetricRecord."""
-    records = message.content.metric_records
-    if "metrics" in records:
-        return records["metrics"]
+    """The reply's metrics: its MetricRecord ``"metrics"``, else its only MetricRecord.
+
+    Reads the content's entries directly (``RecordDict.metric_records`` builds a new typed
+    view on every access).
+    """
+    content = message.content
+    rec = content.get("metrics")
+    if isinstance(rec, MetricRecord):
+        return rec
+    records = {k: v for k, v in content.items() if isinstance(v, MetricRecord)}
     if len(records) == 1:
         return next(iter(records.values()))
     raise ValueError(f"reply: expected a MetricRecord 'metrics', found {sorted(records) or 'none'}")
@@ -56,6 +62,7 @@ class Failure:
 
 
 _NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
+_LEGACY_TYPE = re.compile(r"Invalid message type: (?:train|evaluate|query)\.\w+")
 
 
 def missing_route_hint(reason: str) -> str | None:
@@ -63,7 +70,8 @@ def missing_route_hint(reason: str) -> str | None:
 
     Flower's ClientApp answers a message type it has no function for with
     "No <category> function registered with name '<action>'"; a legacy ``client_fn``
-    ClientApp fails on flowerdro's records with a ``KeyError`` on ``fitins.parameters``.
+    ClientApp answers "Invalid message type: <type>" or fails on flowerdro's records with a
+    ``KeyError`` on ``fitins.parameters``.
     """
     m = _NO_ROUTE.search(reason)
     if m:
@@ -71,10 +79,11 @@ def missing_route_hint(reason: str) -> str | None:
         return (f"the clients do not serve message type '{mtype}': add flowerdro's handlers to your ClientApp "
                 "with flowerdro.clients.add_routes(app, ...), or run flowerdro's ClientApp (see the README, "
                 "'Use flowerdro in your own Flower project')")
-    if "fitins.parameters" in reason or "evaluateins.parameters" in reason:
-        return ("the clients run a legacy NumPyClient ClientApp, which cannot read flowerdro's Message-API "
-                "records: use flowerdro's legacy strategies with it (flowerdro.legacy), or serve flowerdro's "
-                "routes (see the README, 'Use flowerdro in your own Flower project')")
+    if "fitins.parameters" in reason or "evaluateins.parameters" in reason or _LEGACY_TYPE.search(reason):
+        return ("the clients run a legacy ClientApp(client_fn), which serves neither flowerdro's message types "
+                "nor its Message-API records: wrap the same client_fn as "
+                "flowerdro.legacy.LegacyClientApp(client_fn, loss_fn=...) (see the README, "
+                "'Use flowerdro in your own Flower project')")
     return None
 
 
@@ -96,6 +105,8 @@ class Communicator:
         self.timeout = float(timeout)
         self.pull_interval = float(pull_interval)
         self.node_to_partition: dict[int, int] = {}
+        #: Nodes already asked their partition by :meth:`roll_call`.
+        self.asked: set[int] = set()
         self.failures: list[Failure] = []
         self.round = 0
         self.bytes_sent = 0
@@ -285,7 +296,7 @@ class Communicator:
         required_metrics: Sequence[str],
     ) -> tuple[str, str] | None:
         content = reply.content
-        if len(content.metric_records) == 0:
+        if not any(isinstance(v, MetricRecord) for v in content.values()):
             return "bad-metrics", "reply has no MetricRecord"
         try:
             metrics = metrics_of(reply)
@@ -293,7 +304,8 @@ class Communicator:
             return "bad-metrics", str(exc)
         for key in (NUM_EXAMPLES, *required_metrics):
             if key not in metrics:
-                return "bad-metrics", f"metric '{key}' missing"
+                return "bad-metrics", (f"metric '{key}' missing (the reply has {', '.join(sorted(metrics.keys()))}; "
+                                       "an evaluate reply's names are set by accuracy-metric / loss-metric)")
         for key, value in metrics.items():
             vals = value if isinstance(value, list) else [value]
             if any(isinstance(v, float) and not math.isfinite(v) for v in vals):
@@ -302,8 +314,8 @@ class Communicator:
         self.learn(node_id, int(pid) if pid is not None else node_id)
         if reference is not None:
             for key in array_keys:
-                rec = content.array_records.get(key)
-                if rec is None:
+                rec = content.get(key)
+                if not isinstance(rec, ArrayRecord):
                     return "bad-arrays", f"ArrayRecord '{key}' missing"
                 why = check_arrays(reference, rec)
                 if why is not None:
@@ -320,8 +332,67 @@ class Communicator:
         log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s: %s",
             self.run_name, f.round, phase, node_id, f.partition_id, kind, reason)
 
+    def no_train_reply(self) -> bool:
+        """Whether this round brought no valid training reply although its exchanges failed.
+
+        Any phase but evaluation counts: when a query that comes first fails everywhere
+        (DRFA's loss query, SCAFF-PD's loss/gradient), no training message is sent at all.
+        """
+        fails = [f for f in self.failures_of_round() if f.phase != "evaluate"]
+        return bool(fails) and self.valid_replies.get("train", 0) == 0
+
+    def failed_rounds_reason(self, server_round: int, rounds: int) -> str:
+        """The most frequent reason of the non-evaluation drops of the last ``rounds`` rounds."""
+        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > server_round - rounds]
+        return self.most_frequent_reason(fails) or "unknown"
+
     def most_frequent_reason(self, failures: Sequence[Failure]) -> str | None:
         """The reason given most often among ``failures`` (None when there are none)."""
         if not failures:
             return None
         return Counter(f.reason for f in failures).most_common(1)[0][0]
+
+    # ------------------------------------------------------------------ who is connected
+    def roster(self, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
+        """Connected node ids in partition order; waits up to ``wait_timeout`` s for ``min_nodes``.
+
+        Nodes whose partition is known come first, by partition id, then the others by node
+        id. A node never heard from is asked its partition once (:meth:`roll_call`), so a
+        seeded draw of positions in this list selects the same partitions whatever ids the
+        nodes got (simulation, deployment and in-process runs agree, and a restarted node
+        takes its partition's place).
+        """
+        start = time.monotonic()
+        while True:
+            connected = [int(n) for n in grid.get_node_ids()]
+            if len(connected) >= min_nodes:
+                self.roll_call(grid, connected)
+                part = self.node_to_partition
+                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
+            if time.monotonic() - start > wait_timeout:
+                raise RuntimeError(f"min-available-nodes: waited {wait_timeout:.0f} s for {min_nodes} nodes, "
+                                   f"only {len(connected)} connected")
+            log(INFO, "Waiting for nodes: %d connected, %d needed", len(connected), min_nodes)
+            time.sleep(1.0)
+
+    def roll_call(self, grid: Grid, node_ids: Sequence[int]) -> None:
+        """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
+
+        A node that does not answer, or answers without a ``partition-id``, is learnt from
+        its first reply instead.
+        """
+        ask = [n for n in node_ids if n not in self.node_to_partition and n not in self.asked]
+        if not ask:
+            return
+        self.asked.update(ask)
+        messages = [Message(content=RecordDict({"config": ConfigRecord({"weights": False})}), dst_node_id=n,
+                            message_type="query.init") for n in ask]
+        try:
+            replies = list(grid.send_and_receive(messages, timeout=min(self.timeout, 120.0)))
+        except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
+            log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
+            return
+        for reply in replies:
+            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
+            if metrics is not None and PARTITION_ID in metrics:
+                self.learn(int(reply.metadata.src_node_id), int(metrics[PARTITION_ID]))

@@ -33,7 +33,7 @@ from flowerdro.strategies.arrays import save_arrays
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
 
-__all__ = ["RunWriter", "json_default"]
+__all__ = ["COMPACT_MIN", "RunWriter", "compact_record", "expand_record", "json_default", "record_line"]
 
 
 def json_default(obj: Any) -> Any:
@@ -45,6 +45,51 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     return str(obj)
+
+
+#: A per-client mapping of at least this many entries is written as a compact array.
+COMPACT_MIN = 1000
+_IDS, _VALUES = "__client_ids__", "__client_values__"
+
+
+def compact_record(record: dict[str, Any], min_entries: int = COMPACT_MIN) -> dict[str, Any]:
+    """``record`` with each large per-client mapping ``{"<id>": number}`` as two arrays.
+
+    A top-level value that maps at least ``min_entries`` integer strings to numbers (λ over
+    10,000 clients, per-client accuracies) becomes ``{"__client_ids__": ids, "__client_values__":
+    values}``, with ``ids = [start, stop]`` when the ids are ``start, …, stop − 1`` in order
+    (the usual case), else the list of ids. :func:`expand_record` gives the mapping back.
+    """
+    out = {}
+    for key, value in record.items():
+        if (isinstance(value, dict) and len(value) >= min_entries
+                and all(isinstance(k, str) and k.lstrip("-").isdigit() for k in value)
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value.values())):
+            ids = [int(k) for k in value]
+            dense = ids == list(range(ids[0], ids[0] + len(ids)))
+            out[key] = {_IDS: [ids[0], ids[0] + len(ids)] if dense else ids, _VALUES: list(value.values())}
+        else:
+            out[key] = value
+    return out
+
+
+def expand_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`compact_record` (records without compact arrays come back unchanged)."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict) and _IDS in value and _VALUES in value:
+            ids, values = value[_IDS], value[_VALUES]
+            if len(ids) == 2 and len(values) != 2:
+                ids = range(ids[0], ids[1])
+            out[key] = {str(i): v for i, v in zip(ids, values, strict=True)}
+        else:
+            out[key] = value
+    return out
+
+
+def record_line(record: dict[str, Any]) -> str:
+    """One ``rounds.jsonl`` line: the compact record as JSON."""
+    return json.dumps(compact_record(record), default=json_default) + "\n"
 
 
 class RunWriter:
@@ -108,8 +153,7 @@ class RunWriter:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.resume and strategy.history:
             done = int(strategy.history[-1]["round"])
-            self.rounds_path.write_text("".join(json.dumps(r, default=json_default) + "\n"
-                                                for r in strategy.history))
+            self.rounds_path.write_text("".join(record_line(r) for r in strategy.history))
             for rnd, path in self.checkpoints():
                 if rnd > done:
                     path.unlink()
@@ -124,7 +168,7 @@ class RunWriter:
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
         """Append the round record; save a checkpoint when one is due."""
         with self.rounds_path.open("a") as fh:
-            fh.write(json.dumps(record, default=json_default) + "\n")
+            fh.write(record_line(record))
         every = strategy.loop.checkpoint_every
         if every and record["round"] % every == 0:
             self.save_checkpoint(strategy.server_state(), int(record["round"]))

@@ -10,7 +10,9 @@ node is no longer connected).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, MetricRecord
@@ -19,7 +21,7 @@ from flowerdro.core.fairness import summarize
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.strategies.messaging import Failure, metrics_of
 
-__all__ = ["ClientResults", "mean_of_metric_records", "missing_partitions"]
+__all__ = ["ClientResults", "mean_of_metric_records", "missing_partitions", "round_line", "round_record"]
 
 
 class ClientResults:
@@ -108,3 +110,50 @@ def mean_of_metric_records(mrs: list[MetricRecord]) -> MetricRecord:
         else:
             out[k] = float(np.dot(w, [float(m[k]) for m in mrs]) / max(w.sum(), 1e-12))
     return MetricRecord(out)
+
+
+def round_record(strategy: Any, rnd: int, seconds: float, train_metrics: MetricRecord | None,
+                 eval_metrics: MetricRecord | None, missing: Mapping[str, str] | None) -> dict[str, Any]:
+    """The round's record (one line of ``rounds.jsonl``).
+
+    ``round``, ``time_s``, the bytes so far, the round's ``failures`` by ``phase:kind``, the
+    aggregated ``train`` metrics, the fairness numbers of the evaluation with the clients'
+    accuracies (or test losses on a regression task) by partition, the ``missing``
+    partitions with their reasons, then the strategy's :meth:`round_extras`.
+    """
+    comm, results, loop = strategy.comm, strategy.results, strategy.loop
+    rec: dict[str, Any] = {
+        "strategy": strategy.run_name, "round": rnd, "time_s": round(seconds, 4),
+        "bytes_sent": comm.bytes_sent, "bytes_received": comm.bytes_received,
+        "failures": dict(Counter(f"{f.phase}:{f.kind}" for f in comm.failures_of_round())),
+    }
+    if train_metrics is not None:
+        rec["train"] = {k: v for k, v in train_metrics.items() if isinstance(v, int | float) and k != PARTITION_ID}
+    if eval_metrics is not None:
+        rec.update({k: v for k, v in eval_metrics.items() if isinstance(v, int | float)})
+        acc = results.values(loop.accuracy_metric)
+        if acc:
+            rec["client_acc"] = {str(p): round(v, 6) for p, v in sorted(acc.items())}
+        else:  # regression: per-client test loss instead
+            rec["client_loss"] = {str(p): v for p, v in sorted(results.values(loop.loss_metric).items())}
+    if missing is not None:
+        rec["missing"] = dict(missing)
+    rec.update(strategy.round_extras())
+    return rec
+
+
+def round_line(rec: Mapping[str, Any], num_rounds: int) -> str:
+    """The round's log line: fairness numbers, time, traffic, drops and missing clients."""
+    parts = [f"[{rec['strategy']}] round {rec['round']}/{num_rounds}"]
+    if "acc_mean" in rec:
+        parts.append(f"acc mean {rec['acc_mean']:.4f} worst {rec['acc_worst']:.4f} "
+                     f"w20 {rec['acc_worst20']:.4f} std {rec['acc_std']:.4f}"
+                     + (f" | loss {rec['loss_mean']:.4f}" if "loss_mean" in rec else ""))
+    elif "loss_mean" in rec:
+        parts.append(f"loss mean {rec['loss_mean']:.6g} worst {rec['loss_worst']:.6g}")
+    parts.append(f"{rec['time_s']:.2f}s sent {rec['bytes_sent'] / 1e6:.2f}MB recv {rec['bytes_received'] / 1e6:.2f}MB")
+    if rec["failures"]:
+        parts.append(f"dropped {sum(rec['failures'].values())}")
+    if rec.get("missing"):
+        parts.append(f"missing {len(rec['missing'])}")
+    return " | ".join(parts)

@@ -27,9 +27,6 @@ from flowerdro.strategies.output import RunWriter
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
 
-#: Message types every flowerdro server sends, whatever the algorithm.
-COMMON_ROUTES = ("evaluate", "query.init")
-
 
 @dataclass(frozen=True)
 class Algorithm:

@@ -44,8 +44,10 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.base import PARTITION_ID, FairStrategy, arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
 
@@ -149,9 +151,11 @@ class SCAFFOLD(FairStrategy):
             ci_old = st.client_controls.get(pid)
             ci_old = ci_old if ci_old is not None else [np.zeros_like(a) for a in base]
             st.client_controls[pid] = ci_new
-            for k in range(len(x)):
-                dx[k] += (y[k].astype(np.float64) - x[k]) / m
-                dc[k] += (ci_new[k] - ci_old[k]).astype(np.float64) / m
+            for k in range(len(x)):  # in place: one float64 temporary per layer, not three
+                step = np.subtract(y[k], x[k], dtype=np.float64)
+                dx[k] += np.divide(step, m, out=step)
+                step = np.divide(ci_new[k] - ci_old[k], m, out=step, dtype=np.float64)
+                dc[k] += step
         n = len(nodes)
         st.control = [ck + (m / n) * d for ck, d in zip(st.control, dc, strict=True)]
         new = [(xk + self.config.server_lr * dk).astype(dt) for xk, dk, dt in zip(x, dx, dtypes, strict=True)]

@@ -70,8 +70,10 @@ from flwr.serverapp import Grid
 
 from flowerdro.core import scaffpd as core
 from flowerdro.core.simplex import admit_partitions
+from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.base import PARTITION_ID, FairStrategy, arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
 

@@ -208,39 +208,14 @@ def test_a_shift_of_the_wrong_shape_is_dropped_as_a_failure(synth_rc):
 
 
 # --------------------------------------------------------------------------- crash and resume
-class _Crash(Exception):
-    pass
-
-
 def _experiment(name: str, rc: dict, root) -> dict:
     return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": [name],
             "run-config": {**rc, **ROBUST, "checkpoint-every": 1, "fraction-train": 0.5}, "output-root": str(root)}
 
 
 @pytest.mark.parametrize("name", ["fedrobust", "fedavg-pgd"])
-def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, monkeypatch):
-    from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
-
-    whole = run(_experiment(name, synth_rc, tmp_path / "whole"), verbose=False)
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == 2:
-            raise _Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(_Crash):
-        run(_experiment(name, synth_rc, tmp_path / "cut"), verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
-    resumed = run({**_experiment(name, synth_rc, tmp_path / "cut"), "resume": True}, verbose=False)
-
-    def records(history):
-        return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
-
-    assert records(resumed.histories[name][0]) == records(whole.histories[name][0])
-    np.testing.assert_array_equal(_flat(resumed.final_arrays[name][0]), _flat(whole.final_arrays[name][0]))
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, crash_and_resume):
+    crash_and_resume(name, lambda root: _experiment(name, synth_rc, root))
     if name == "fedrobust":  # the shifts came back from the checkpoint: same summary, 2 clients x 4 rounds
         a, b = (json.loads((root / "resume" / name / "seed0" / "affine_state.json").read_text())
                 for root in (tmp_path / "whole", tmp_path / "cut"))

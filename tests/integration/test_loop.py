@@ -143,46 +143,17 @@ def test_a_restarted_node_takes_its_partitions_place_and_the_gap_is_reported(syn
 
 
 # --------------------------------------------------------------------------- crash and resume
-class _Crash(Exception):
-    pass
-
-
 def _experiment(name: str, rc: dict, root, rounds: int = 4) -> dict:
     return {"name": "resume", "num-rounds": rounds, "seeds": [0], "num-partitions": 4,
             "strategies": [name], "run-config": {**rc, "checkpoint-every": 1, "fraction-train": 0.5},
             "output-root": str(root)}
 
 
-def _records(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
-
-
 @pytest.mark.parametrize("name", ["fedavg", "qfedavg"])
-def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, monkeypatch):
-    from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
-
-    whole = run(_experiment(name, synth_rc, tmp_path / "whole"), verbose=False)
-
-    # crash right after round 2 was written (its checkpoint included)
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == 2:
-            raise _Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(_Crash):
-        run(_experiment(name, synth_rc, tmp_path / "cut"), verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
-    resumed = run({**_experiment(name, synth_rc, tmp_path / "cut"), "resume": True}, verbose=False)
-
-    assert _records(resumed.histories[name][0]) == _records(whole.histories[name][0])
-    a, b = whole.final_arrays[name][0], resumed.final_arrays[name][0]
-    for k in a.keys():
-        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, crash_and_resume):
     from flowerdro.runs import load_records
+
+    crash_and_resume(name, lambda root: _experiment(name, synth_rc, root))
 
     on_disk = load_records(tmp_path / "cut" / "resume" / name / "seed0")
     assert [r["round"] for r in on_disk] == [1, 2, 3, 4]
@@ -197,3 +168,15 @@ def test_a_folder_holding_another_run_is_refused_unless_overwritten(synth_rc, tm
         run(other, verbose=False)
     run({**other, "overwrite": True}, verbose=False)
     run(other, verbose=False)  # the same run again: started afresh
+
+
+@pytest.mark.parametrize("cap,expected", [(4, 4), (0, 9), (20, 9)])
+def test_evaluate_sample_caps_the_evaluated_clients_and_the_fairness_numbers_say_how_many(synth_rc, cap, expected):
+    # 9 clients, fraction-evaluate = 1: a cap of 4 asks 4 distinct clients per round; 0 (no cap)
+    # and a cap above N ask all 9. acc_n counts the clients the fairness numbers were computed over.
+    grid = InProcessGrid(client_app, 9, synth_rc)
+    strategy = _run("fedavg", {**synth_rc, "evaluate-sample": cap}, grid, rounds=2)
+    for rec in strategy.history:
+        assert rec["acc_n"] == expected
+        assert len(rec["client_acc"]) == expected
+        assert rec["missing"] == {}

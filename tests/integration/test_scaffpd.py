@@ -221,10 +221,6 @@ def test_lambda_follows_the_extrapolated_step_fed_with_the_previous_rounds_losse
 
 
 # --------------------------------------------------------------------------- crash and resume, restarts
-class _Crash(Exception):
-    pass
-
-
 def _experiment(name: str, rc: dict, root) -> dict:
     return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": [name],
             "run-config": {**rc, "checkpoint-every": 1}, "output-root": str(root)}
@@ -234,32 +230,8 @@ def _experiment(name: str, rc: dict, root) -> dict:
     ("scaffpd", {"grad-on": "batch", "local-steps": 3, "step-rule": "5.1", "weight-decay": 0.01}),
     ("scaffold", {"fraction-train": 0.5}),
 ])
-def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_path, name, rc, monkeypatch):
-    from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
-
-    rc = {**synth_rc, **rc}
-    whole = run(_experiment(name, rc, tmp_path / "whole"), verbose=False)
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == 2:
-            raise _Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(_Crash):
-        run(_experiment(name, rc, tmp_path / "cut"), verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
-    resumed = run({**_experiment(name, rc, tmp_path / "cut"), "resume": True}, verbose=False)
-
-    def records(res):
-        return [{k: v for k, v in r.items() if k != "time_s"} for r in res.histories[name][0]]
-
-    assert records(resumed) == records(whole)
-    a, b = whole.final_arrays[name][0], resumed.final_arrays[name][0]
-    for k in a.keys():
-        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, name, rc, crash_and_resume):
+    crash_and_resume(name, lambda root: _experiment(name, {**synth_rc, **rc}, root))
 
 
 class _RestartAfterTraining(InProcessGrid):

@@ -1,4 +1,4 @@
-"""flowerdro.core.affine (numpy): the map, the ball projections and the ascent step, by hand."""
+"""flowerdro.core.affine (numpy): the ball projections and the ascent step, by hand."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 
 from flowerdro.core.affine import (
     affine_ascent_update,
-    apply_affine,
     check_ascent_rates,
-    identity_shift,
     project_frobenius_ball,
     project_l2_ball,
     shift_norms,
@@ -23,21 +21,6 @@ def test_core_affine_imports_no_torch():
     code = "import sys, flowerdro.core.affine; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_apply_affine_row_by_row_on_an_image_shaped_batch():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(3, 1, 2, 2))
-    lam, delta = rng.normal(size=(4, 4)), rng.normal(size=4)
-    out = apply_affine(x, lam, delta)
-    for j in range(3):
-        expected = sum(lam[:, k] * x[j].ravel()[k] for k in range(4)) + delta
-        np.testing.assert_allclose(out[j].ravel(), expected, rtol=1e-12)
-    assert out.shape == x.shape
-    with pytest.raises(ValueError, match="lam"):
-        apply_affine(x, np.eye(3), delta)
-    with pytest.raises(ValueError, match="delta"):
-        apply_affine(x, lam, np.zeros(3))
 
 
 def test_frobenius_projection_by_hand():
@@ -90,6 +73,5 @@ def test_ascent_with_zero_gradient_is_the_contraction_one_minus_two_lambda_eta()
 
 
 def test_identity_and_norms():
-    lam, delta = identity_shift(3)
-    assert lam.dtype == np.float32 and shift_norms(lam, delta) == (0.0, 0.0)
+    assert shift_norms(np.eye(3, dtype=np.float32), np.zeros(3, dtype=np.float32)) == (0.0, 0.0)
     assert shift_norms(np.array([[4.0, 0.0], [0.0, 5.0]]), np.array([3.0, 4.0])) == (5.0, 5.0)

@@ -268,7 +268,7 @@ def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
 def test_communicate_stream_stops_pulling_when_everyone_answered():
     grid = PullScriptGrid(3, [[(2, "ok")], [(1, "ok"), (3, "ok")], [(1, "again")]])
     s = FairStrategy()
-    s.pull_interval = 0.01
+    s.comm.pull_interval = 0.01
     batches = []
     valid = s.communicate_stream(grid, _messages(grid), batches.append, phase="train")
     assert [len(b) for b in batches] == [1, 2] and len(valid) == 3

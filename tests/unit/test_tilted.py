@@ -223,3 +223,37 @@ def test_tilted_risk_matches_direct_and_bounds():
     )
     with pytest.raises(ValueError, match="mu"):
         tilted_risk([1.0], 0.0)
+
+
+def test_tilted_risk_and_weights_solve_the_kl_regularised_worst_case():
+    # max_{p in simplex} sum p_i f_i - mu KL(p || uniform), solved by cvxpy: the value is
+    # tilted_risk and the maximiser relative_tilt_weights.
+    cp = pytest.importorskip("cvxpy")
+    from flowerdro.experiments.references import solve_tightly
+
+    rng = np.random.default_rng(22)
+    for k in range(25):
+        n = int(rng.integers(1, 25))
+        f = rng.normal(size=n) * [0.1, 1.0, 5.0][k % 3]
+        mu = float(10 ** rng.uniform(-0.5, 1))
+        p = cp.Variable(n)
+        kl = cp.sum(-cp.entr(p)) + np.log(n) * cp.sum(p)
+        prob = cp.Problem(cp.Maximize(f @ p - mu * kl), [p >= 0, cp.sum(p) == 1])
+        status = solve_tightly(prob, (1e-12, 1e-11, 1e-10, 1e-9))
+        if status is None:
+            pytest.skip(f"no suitable cvxpy solver among {cp.installed_solvers()}")
+        assert status == cp.OPTIMAL
+        value, weights = tilted_risk(f, mu), relative_tilt_weights(f, mu)
+        # cvxpy's optimal value to its tolerances (1e-12 .. 1e-9, relative), with margin.
+        assert abs(value - prob.value) <= 1e-7 * max(1.0, abs(prob.value))
+        # Clarabel's exponential-cone solutions are only good to a few 1e-6 here (the
+        # weights span e^-30 .. 1), so the solution check is loose and is backed by an exact
+        # KKT check: f_i - mu (log(K p_i) + 1) is the same for every i (float64 rounding of
+        # terms of size max|f|, hence 1e-12 times that scale).
+        np.testing.assert_allclose(weights, p.value, atol=1e-5, rtol=0)
+        pos = weights > 1e-250
+        resid = f[pos] - mu * (np.log(n * weights[pos]) + 1.0)
+        assert np.ptp(resid) <= 1e-12 * (1.0 + np.abs(f).max())
+        # The value is attained at the weights (numpy evaluation of the objective).
+        attained = f @ weights - mu * np.sum(weights * np.log(n * weights))
+        assert abs(attained - value) <= 1e-12 * max(1.0, abs(value))

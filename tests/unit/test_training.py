@@ -128,3 +128,17 @@ def test_settings_layering_and_validation():
         Settings({"mode": "x"}).str("mode", "a", choices=("a", "b"))
     with pytest.raises(ValueError, match="lr"):
         Settings({"lr": "fast"}).float("lr", 0.1)
+
+
+def test_local_steps_and_epochs_are_read_from_one_layer():
+    from flowerdro.clients.config import Settings
+    from flowerdro.clients.handlers import _local_steps
+
+    # the message sets τ = 7 only; the node's run config asks for 1 epoch: τ wins
+    assert _local_steps(Settings({"local-steps": 7}, {"local-epochs": 1}), num_train=100, batch_size=10) == 7
+    # the message sets epochs: 2 epochs of ceil(100 / 10) = 10 batches each
+    assert _local_steps(Settings({"local-epochs": 2, "local-steps": 7}, {}), num_train=100, batch_size=10) == 20
+    # only the run config speaks: its epochs apply
+    assert _local_steps(Settings({}, {"local-epochs": 1}), num_train=100, batch_size=10) == 10
+    assert Settings({"a": 1}, {"b": 2}).first_layer("b").raw("b") == 2
+    assert not Settings({"a": 1}).first_layer("c").has("c")

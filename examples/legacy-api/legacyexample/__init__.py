@@ -1,0 +1,1 @@
+"""legacyexample: a Flower / PyTorch app (legacy API) whose strategy is any flowerdro strategy."""

@@ -1,0 +1,64 @@
+"""The README's main-job table is what the main job prints.
+
+``bash scripts/run.sh`` runs ``flwr run .`` with the defaults of ``[tool.flwr.app.config]``
+on 20 simulated clients, seed 0. Nodes are sampled in partition order and clients use one
+torch thread, so the in-process runner gives the same records for the same config; this
+test runs that config in-process and compares its table, digit for digit, with the one
+between the README's ``main-job-table`` markers. It also checks that
+``conf/main_job.toml`` (the three-seed version on the results page) runs the same setting.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from flowerdro.experiments import run
+from flowerdro.runs.driver import RunSettings
+from flowerdro.settings import describe
+
+ROOT = Path(__file__).resolve().parents[2]
+#: `scripts/run.sh` starts this many simulated SuperNodes, one partition each.
+NUM_SUPERNODES = 20
+
+
+def _app_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def _main_job() -> dict:
+    """The runner config equivalent to `bash scripts/run.sh` (seed 0)."""
+    app = _app_config()
+    run_keys = {info.key for info in describe(RunSettings)}
+    run_config = {k: v for k, v in app.items() if k not in run_keys and k != "seed" and v != ""}
+    return {
+        "name": "main_job_readme",
+        "num-rounds": int(app["num-rounds"]),
+        "seeds": [int(app["seed"])],
+        "num-partitions": NUM_SUPERNODES,
+        "strategies": [s.strip() for s in str(app["strategies"]).split(",")],
+        "run-config": run_config,
+    }
+
+
+def _readme_table() -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- main-job-table -->\n(.*?)<!-- /main-job-table -->", text, re.S)
+    assert match, "README.md: the main-job-table markers are missing"
+    return match.group(1).strip()
+
+
+def test_readme_table_is_what_the_main_job_prints():
+    result = run(_main_job(), output_root=None, verbose=False)
+    assert result.table.strip() == _readme_table()
+
+
+def test_conf_main_job_runs_the_main_jobs_setting():
+    conf = tomllib.loads((ROOT / "conf" / "main_job.toml").read_text())
+    job = _main_job()
+    assert conf["strategies"] == job["strategies"]
+    assert conf["num-rounds"] == job["num-rounds"] and conf["num-partitions"] == job["num-partitions"]
+    assert 0 in conf["seeds"] and len(conf["seeds"]) >= 3
+    for key, value in conf["run-config"].items():
+        assert job["run-config"].get(key) == value, f"conf/main_job.toml: {key} = {value!r} differs from pyproject"
