@@ -170,8 +170,10 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "rounds.jsonl").read_text().splitlines() if (run_dir / "rounds.jsonl").is_file() else []
-    return [json.loads(x) for x in lines]
+    """The complete round records of ``run_dir/rounds.jsonl`` (a line still being written is left out)."""
+    path = run_dir / "rounds.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(x) for x in text.split("\n")[:-1]]  # only newline-terminated lines
 
 
 def _without_wall_times(records: list[dict]) -> list[dict]:
