@@ -7,12 +7,22 @@ persists across rounds, as on a SuperNode). Node ids are scrambled so that sorti
 does not give the partition order, as with a real SuperLink.
 
 ``faults`` injects misbehaving clients for tests: per partition id a :class:`Fault` says
-what goes wrong (an exception, no reply, NaN arrays or metrics, a wrongly shaped array),
-in which phases (message types) and rounds.
+what goes wrong (an exception, no reply, a late reply, NaN arrays or metrics, a wrongly
+shaped array, float64 arrays, an extra metric, a missing record), in which phases
+(message types) and rounds.
+
+Time is simulated where a fault makes a client slow: the grid's :meth:`InProcessGrid.clock`
+runs ahead of wall time by every second a slow or silent client made the server wait, and
+the server's deadline logic reads it (``send_and_receive`` discards a reply later than its
+``timeout``; :meth:`flowerdro.strategies.messaging.Communicator.stream` times its deadline
+and its waits between pulls with the grid's ``clock``/``sleep``). A ``timeout`` fault thus
+costs the server its whole round timeout, as a hung SuperNode would, without the test
+sleeping through it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,28 +34,42 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-FAULT_MODES = ("raise", "timeout", "nan", "nan-metric", "shape")
+FAULT_MODES = ("raise", "timeout", "slow", "nan", "nan-metric", "shape", "float64", "extra-metric",
+               "missing-record")
 
 
 @dataclass(frozen=True)
 class Fault:
     """How a client misbehaves.
 
-    mode : one of ``raise`` (the handler raises), ``timeout`` (no reply), ``nan`` (arrays
-        replaced by NaN), ``nan-metric`` (every float metric NaN), ``shape`` (first array
-        flattened to a wrong shape).
+    mode : one of ``raise`` (the handler raises), ``timeout`` (no reply, ever: the server
+        waits out its timeout), ``slow`` (the reply comes ``seconds`` of simulated time
+        after the message), ``nan`` (arrays replaced by NaN), ``nan-metric`` (every float
+        metric NaN), ``shape`` (first array flattened to a wrong shape), ``float64``
+        (arrays cast to float64), ``extra-metric`` (one more metric, ``extra-metric``, in
+        every MetricRecord), ``missing-record`` (the reply's ArrayRecords left out, or its
+        MetricRecords where it has no arrays).
     message_types : message types affected (e.g. ``("train",)``, ``("query.loss",)``);
         empty means all.
     rounds : server rounds affected (from the ``server-round`` config); empty means all.
+    seconds : simulated seconds a ``slow`` reply takes (> 0; ignored by the other modes).
     """
 
     mode: str
     message_types: tuple[str, ...] = ()
     rounds: tuple[int, ...] = ()
+    seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in FAULT_MODES:
             raise ValueError(f"mode: unknown fault {self.mode!r}; allowed: {', '.join(FAULT_MODES)}")
+        if not self.seconds > 0:
+            raise ValueError(f"seconds: must be > 0, got {self.seconds}")
+
+    @property
+    def delay(self) -> float:
+        """Simulated seconds until the reply arrives (inf: never)."""
+        return math.inf if self.mode == "timeout" else self.seconds if self.mode == "slow" else 0.0
 
     def applies(self, message: Message) -> bool:
         """Whether this fault hits ``message``."""
@@ -103,6 +127,8 @@ class InProcessGrid(LocalGrid):
         How many replies one ``pull_messages`` call runs and returns (None: every queued
         message at once). 1 makes replies arrive one by one, as from clients that finish
         at different times.
+    skew : float (default: 0.0)
+        Simulated seconds the grid's :meth:`clock` runs ahead of wall time.
     """
 
     app: ClientApp
@@ -112,6 +138,7 @@ class InProcessGrid(LocalGrid):
     seconds_per_node: dict[int, float] = field(default_factory=dict)
     calls: int = 0
     replies_per_pull: int | None = None
+    skew: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -133,8 +160,23 @@ class InProcessGrid(LocalGrid):
         }
         self._ids = count(1)
         self._queued: dict[str, Message] = {}  # pushed, not yet pulled (message id -> message)
+        self._pushed_at: dict[str, float] = {}  # message id -> clock() when pushed
         self._run: Any = None
         ensure_task_identity()
+
+    # -- simulated clock -------------------------------------------------------------------
+    def clock(self) -> float:
+        """Seconds on the grid's clock: ``time.monotonic()`` plus the simulated :attr:`skew`."""
+        return time.monotonic() + self.skew
+
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the grid's clock (simulated: returns at once)."""
+        self.skew += max(float(seconds), 0.0)
+
+    def _delay(self, msg: Message) -> float:
+        """Simulated seconds the reply to ``msg`` takes (inf: none comes)."""
+        fault = self.faults.get(self.partition_of_node.get(int(msg.metadata.dst_node_id), -1))
+        return fault.delay if fault is not None and fault.applies(msg) else 0.0
 
     # -- Grid API (set_run, run, create_message, get_node_ids from LocalGrid) -----------
 
@@ -144,21 +186,27 @@ class InProcessGrid(LocalGrid):
         for msg in messages:
             mid = self._accept(msg)
             self._queued[mid] = msg
+            self._pushed_at[mid] = self.clock()
             ids.append(mid)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Run the queued messages among ``message_ids`` (in push order) and return their replies.
 
-        Each message is run and answered once; a ``timeout`` fault gives no reply, ever.
-        At most :attr:`replies_per_pull` replies come back per call (None: all that are
-        queued), so a strategy that streams sees them arrive one pull at a time.
+        Each message is run and answered once, when its reply is due on the grid's
+        :meth:`clock` (a ``slow`` fault: ``seconds`` after the push; a ``timeout`` fault:
+        never). At most :attr:`replies_per_pull` replies come back per call (None: all that
+        are due), so a strategy that streams sees them arrive one pull at a time.
         """
         wanted = set(message_ids)
         replies: list[Message] = []
+        now = self.clock()
         for mid in [m for m in self._queued if m in wanted]:
             if self.replies_per_pull is not None and len(replies) >= self.replies_per_pull:
                 break
+            if now < self._pushed_at[mid] + self._delay(self._queued[mid]):
+                continue  # not due yet (or never)
+            del self._pushed_at[mid]
             reply, _ = self._deliver(self._queued.pop(mid))
             if reply is not None:
                 replies.append(reply)
@@ -167,15 +215,23 @@ class InProcessGrid(LocalGrid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Run the ClientApp for each message in turn and collect the replies.
 
-        A reply that took longer than ``timeout`` is discarded, as a SuperLink would.
+        A reply that took longer than ``timeout`` (its run time plus a ``slow`` fault's
+        simulated seconds) is discarded, as a SuperLink would. The clients answer in
+        parallel on a real grid, so the :meth:`clock` moves on by the longest simulated
+        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``).
         """
-        replies = []
+        replies, waited = [], 0.0
         for msg in messages:
             self._accept(msg)
+            delay = self._delay(msg)
+            waited = max(waited, delay if timeout is None else min(delay, timeout))
             reply, elapsed = self._deliver(msg)
-            if reply is None or (timeout is not None and elapsed > timeout):
+            if reply is None or (timeout is not None and elapsed + delay > timeout):
                 continue
             replies.append(reply)
+        if math.isinf(waited):
+            raise RuntimeError("timeout: a client never answers and send_and_receive was given no timeout")
+        self.sleep(waited)
         return replies
 
     def _accept(self, msg: Message) -> str:
@@ -242,3 +298,13 @@ def _corrupt(reply: Message, mode: str) -> None:
         for name in list(content.metric_records.keys()):
             mr = content.metric_records[name]
             content[name] = MetricRecord({k: (float("nan") if isinstance(v, float) else v) for k, v in mr.items()})
+    elif mode == "float64":
+        for name in list(content.array_records.keys()):
+            rec = content.array_records[name]
+            content[name] = ArrayRecord({k: Array(rec[k].numpy().astype(np.float64)) for k in rec.keys()})
+    elif mode == "extra-metric":
+        for name in list(content.metric_records.keys()):
+            content[name] = MetricRecord({**dict(content.metric_records[name]), "extra-metric": 1.0})
+    elif mode == "missing-record":
+        for name in list(content.array_records.keys() or content.metric_records.keys()):
+            del content[name]

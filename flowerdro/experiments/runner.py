@@ -83,11 +83,20 @@ def _validate(config: Mapping[str, Any]) -> None:
         seeds = _names(config, "seeds")
         if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
             raise ValueError(f"seeds: expected a list of integers, got {seeds!r}")
+    from flowerdro.runs import RunSettings
     from flowerdro.runs.config import check_run_config
 
-    check_run_config(config.get("run-config", {}), where="[run-config]")
-    for label, table in config.get("strategy", {}).items():
-        check_run_config({k: v for k, v in table.items() if k != "strategy"}, where=f"[strategy.{label}]")
+    tables = {"[run-config]": dict(config.get("run-config", {}))}
+    tables.update({f"[strategy.{label}]": {k: v for k, v in table.items() if k != "strategy"}
+                   for label, table in config.get("strategy", {}).items()})
+    for where, table in tables.items():
+        check_run_config(table, where=where)
+        # the ServerApp's run keys: an experiment file sets them at its top level
+        misplaced = sorted(set(table) & set(RunSettings.keys()))
+        if misplaced:
+            key = misplaced[0]
+            top = "output-root" if key == "output-dir" else key
+            raise ValueError(f"{key}: not a {where} key of an experiment file; set {top} at its top level")
     labels = {str(s) for s in _names(config, "strategies")}
     extra = sorted(set(config.get("strategy", {})) - labels)
     if extra:

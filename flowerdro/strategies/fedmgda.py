@@ -63,9 +63,13 @@ Choices documented here
 * Failed replies are dropped (see :class:`~flowerdro.strategies.base.FairStrategy`); λ₀
   is restricted to the clients that answered. Nobody answering keeps w_t.
 * The step is built while the replies arrive (:meth:`FairStrategy.communicate_stream
-  <flowerdro.strategies.base.FairStrategy.communicate_stream>`): each pulled batch of
-  replies is added to the step at once (updates and Gram rows), so after the last reply
-  only its Gram row, the m × m solve and the combination remain.
+  <flowerdro.strategies.base.FairStrategy.communicate_stream>`): the messages are cut
+  into chunks of :attr:`FedMGDA.stream_chunk` in the order they were sent, and a chunk's
+  valid replies are added to the step at once (updates and Gram rows) as soon as each of
+  its messages has a reply or a failure, so after the last reply only the last chunk's
+  Gram rows, the m × m solve and the combination remain. Adding in message order, in
+  chunks fixed by it, gives the same bits whatever order the replies arrive in (a
+  deployment's replies race; the Gram products' rounding depends on the batch shapes).
 * The Gram matrix of float32 models is built with float32 block products summed in
   float64 (``gram_precision="auto"``): its error (≈1e-7 of max G_ii) is below the float32
   rounding of the updates themselves; its rounding-size negative eigenvalues are clipped
@@ -233,6 +237,8 @@ class FedMGDA(FairStrategy):
     settings_class: ClassVar[type[Settings]] = FedMGDASettings
     #: Whether the updates are normalised (what tells vanilla FedMGDA apart).
     normalize: ClassVar[bool] = True
+    #: Messages per chunk of the streamed step (module docstring).
+    stream_chunk: ClassVar[int] = 16
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -335,19 +341,35 @@ class FedMGDA(FairStrategy):
 
     def _stream_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, messages: list[Message]
                       ) -> tuple[list[Message], ArrayRecord | None, MetricRecord | None]:
-        """Send ``messages``, add each batch of valid replies to a stream as it arrives, then step."""
+        """Send ``messages``, add each chunk of valid replies to a stream once it is complete, then step."""
         if not messages:
             return [], None, None
         stream = self.start_stream(arrays, len(messages))
         last = [0.0]
+        position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
+        waiting: dict[int, Message] = {}  # message position -> valid reply not yet added
+        added = [0]  # messages before this position are in the stream (or failed)
+
+        def drain(final: bool) -> None:
+            failed = {position.get(f.node_id) for f in self.comm.failures_of_round() if f.phase == "train"}
+            while added[0] < len(messages):
+                chunk = range(added[0], min(added[0] + self.stream_chunk, len(messages)))
+                if not final and not all(i in waiting or i in failed for i in chunk):
+                    return
+                batch = [waiting.pop(i) for i in chunk if i in waiting]
+                if batch:
+                    last[0] = time.perf_counter()
+                    stream.add(batch)
+                added[0] = chunk.stop
 
         def on_replies(batch: list[Message]) -> None:
-            last[0] = time.perf_counter()
-            stream.add(batch)
+            waiting.update({position[int(r.metadata.src_node_id)]: r for r in batch})
+            drain(final=False)
 
         track_train_loss = self.config.track_improvement and not self._before_by_query()
         replies = self.communicate_stream(grid, messages, on_replies, phase="train", reference=arrays,
                                           required_metrics=("train_loss",) if track_train_loss else ())
+        drain(final=True)
         if not replies:
             return [], None, None
         new_arrays, metrics = self.finish_stream(server_round, stream)

@@ -1,14 +1,15 @@
 """Talking to the clients: send, wait, validate replies, count failures and bytes.
 
 :class:`Communicator` is the one place where a strategy's messages leave and its replies
-come back. It drops a reply that is an error, never arrives (timeout), lacks
-``num-examples`` or a required metric, carries a NaN/Inf metric, or holds arrays whose
-keys/shapes differ from the model or are not finite; each drop becomes a
-:class:`Failure` attributed to its node and partition, with the client's full error
-text. It learns which partition each node serves from the ``partition-id`` of the
-replies (a reply without one stands for the partition named by its node id, so a
-client that does not know its partition still gets a stable identity), and a partition
-that reappears on another node (a restarted SuperNode) moves to that node.
+come back. It drops a reply that is an error (``node gone`` when the SuperLink reports
+the node unavailable), never arrives (timeout), lacks ``num-examples`` or a required
+metric, carries a NaN/Inf metric, or holds arrays whose keys/shapes differ from the
+model or are not finite; each drop becomes a :class:`Failure` attributed to the node the
+message went to and its partition, with the client's full error text. It learns which
+partition each node serves from the ``partition-id`` of the replies (a reply without one
+stands for the partition named by its node id, so a client that does not know its
+partition still gets a stable identity), and a partition that reappears on another node
+(a restarted SuperNode) moves to that node.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
@@ -176,16 +178,23 @@ class Communicator:
             return []
         self.bytes_sent += sum(record_bytes(m.content) for m in messages)
         replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        # the node a reply answers for is its message's destination: an error the SuperLink
+        # makes for an unavailable node comes from the SuperLink's own node id
+        sent_to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in messages if m.metadata.message_id}
+
+        def node_of(reply: Message) -> int:
+            return sent_to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
+
         valid, answered = [], set()
         for reply in replies:
-            nid = int(reply.metadata.src_node_id)
+            nid = node_of(reply)
             answered.add(nid)
             if self._accept(reply, nid, phase, reference, array_keys, required_metrics):
                 valid.append(reply)
         self._timeouts(phase, [int(m.metadata.dst_node_id) for m in messages
                                if int(m.metadata.dst_node_id) not in answered])
         position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
-        valid.sort(key=lambda r: position.get(int(r.metadata.src_node_id), len(position)))
+        valid.sort(key=lambda r: position.get(node_of(r), len(position)))
         return valid
 
     def stream(
@@ -204,9 +213,11 @@ class Communicator:
         The messages are pushed once; the outstanding ones are pulled until all have
         answered or the timeout has passed (sleeping ``pull_interval`` after an empty
         pull). A reply that arrives after the deadline is not accepted: its node counts as
-        a timeout. The time ``on_replies`` takes counts against the timeout. A grid whose
-        ``push_messages`` raises ``NotImplementedError`` is served by one :meth:`send`.
-        Returns every valid reply in arrival order.
+        a timeout. The time ``on_replies`` takes counts against the timeout. A grid with
+        its own ``clock()`` and ``sleep(seconds)`` (the in-process grid's simulated clock)
+        is timed by them, any other by wall time. A grid whose ``push_messages`` raises
+        ``NotImplementedError`` is served by one :meth:`send`. Returns every valid reply
+        in arrival order.
         """
         messages = list(messages)
         if not messages:
@@ -232,10 +243,11 @@ class Communicator:
             else:
                 self._fail(phase, int(msg.metadata.dst_node_id), "error", "the grid could not push the message")
         valid: list[Message] = []
-        deadline = time.monotonic() + self.timeout
+        clock, sleep = getattr(grid, "clock", time.monotonic), getattr(grid, "sleep", time.sleep)
+        deadline = clock() + self.timeout
         while pending:
             replies = list(grid.pull_messages(list(pending)))
-            if time.monotonic() > deadline:  # these came too late
+            if clock() > deadline:  # these came too late
                 break
             batch = []
             for reply in replies:
@@ -245,11 +257,11 @@ class Communicator:
             if batch:
                 valid.extend(batch)
                 on_replies(batch)
-            now = time.monotonic()
+            now = clock()
             if not pending or now >= deadline:
                 break
             if not replies:
-                time.sleep(min(self.pull_interval, deadline - now))
+                sleep(min(self.pull_interval, deadline - now))
         self._timeouts(phase, list(pending.values()))
         return valid
 
@@ -264,7 +276,8 @@ class Communicator:
         required_metrics: Sequence[str],
     ) -> bool:
         if reply.has_error():
-            self._fail(phase, node_id, "error", str(reply.error.reason))
+            gone = int(reply.error.code) == ErrorCode.NODE_UNAVAILABLE
+            self._fail(phase, node_id, "node gone" if gone else "error", str(reply.error.reason))
             return False
         self.bytes_received += record_bytes(reply.content)
         why = self._validate(reply, node_id, reference, array_keys, required_metrics)

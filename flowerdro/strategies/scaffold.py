@@ -146,7 +146,8 @@ class SCAFFOLD(FairStrategy):
         for r in replies:
             pid = int(metrics_of(r)[PARTITION_ID])
             y = arrays_to_numpy(r.content["arrays"])
-            ci_new = [np.array(a) for a in arrays_to_numpy(r.content["control"])]
+            # c_i is kept (and sent back) in the model's dtype, whatever the client replied in
+            ci_new = [np.array(a, dtype=d) for a, d in zip(arrays_to_numpy(r.content["control"]), dtypes, strict=True)]
             ci_old = st.client_controls.get(pid)
             ci_old = ci_old if ci_old is not None else [np.zeros_like(a) for a in base]
             st.client_controls[pid] = ci_new
