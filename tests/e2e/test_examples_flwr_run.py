@@ -15,8 +15,11 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("example", ["message-api", "legacy-api"])
 def test_flwr_run_of_the_example_completes_with_a_flowerdro_strategy(tmp_path, example):
+    # a copy: `flwr run` rewrites the federation tables of the pyproject.toml it is given
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "examples" / example, app)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "flwr_run.py"), "--app", str(REPO / "examples" / example),
+        [sys.executable, str(REPO / "scripts" / "flwr_run.py"), "--app", str(app),
          "--num-supernodes", "3", "--run-config", "num-server-rounds=2 strategy='drfa'", "--timeout", "600"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
