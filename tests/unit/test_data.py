@@ -357,6 +357,7 @@ def test_robust_regression_exact_targets_and_shifts() -> None:
     )
     for i, (a, y) in enumerate(zip(problem.features, problem.targets, strict=True)):
         assert a.shape == (30, 5) and y.shape == (30,)
+        # float64 5-term dot products of O(1) values: rounding ≈ 1e-15; 1e-12 leaves margin
         np.testing.assert_allclose(y, a @ (problem.x_hat + problem.shifts[i]), rtol=0, atol=1e-12)
         # y is exactly linear in a: least squares recovers x̂ + δ_i
         sol, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -618,6 +619,7 @@ def test_one_class_label_mix_uses_whole_test_class(fake_raw: RawDataset) -> None
     for i, c in enumerate(load_federated(cfg)):
         assert set(c.y_train.tolist()) == {i} and c.num_train == [160, 120, 80, 40][i]
         assert set(c.y_test.tolist()) == {i} and c.num_test == 50
+        # float32 pixels / 255 vs the float64 quotient: one float32 rounding, u ≈ 6e-8 < 1e-6
         np.testing.assert_allclose(
             c.x_test, fake_raw.x_test[fake_raw.y_test == i] / 255.0, rtol=1e-6
         )  # one float32 rounding (≤ 6e-8 relative)
