@@ -188,7 +188,8 @@ def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_p
                 "run-config": rc, "output-root": str(root)}
 
     whole, _ = crash_and_resume(name, experiment)
-    # γ·0.8^k by a power here and by repeated products in the code: k float64 roundings; default approx (rel 1e-6) is ample
+    # γ·0.8^k by a power here and by repeated products in the code: k float64 roundings; default
+    # approx (rel 1e-6) is ample
     assert [r["dual_lr"] for r in whole.histories[name][0]] == pytest.approx([0.05 * 0.8**k for k in range(4)])
     assert [r["round"] for r in load_records(tmp_path / "cut" / "resume" / name / "seed0")] == [1, 2, 3, 4]
 

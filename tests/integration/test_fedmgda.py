@@ -40,7 +40,8 @@ def test_improved_fraction_reaches_one_with_full_batch_steps_and_decaying_rate(s
     strategy, _ = _run("fedmgda+", rc, n=5, rounds=30)
     fracs = [r["improved_fraction"] for r in strategy.history]
     rates = [r["global_lr"] for r in strategy.history]
-    # the decay β^(t/T) by float64 power here and by the code's own route: a few ulps; default approx (rel 1e-6) is ample
+    # the decay β^(t/T) by float64 power here and by the code's own route: a few ulps; default
+    # approx (rel 1e-6) is ample
     assert rates[0] == pytest.approx(1.0) and rates[15] == pytest.approx(0.05**(2 / 3))
     assert rates[-1] == pytest.approx(0.05**(4 / 3))
     assert min(fracs[:10]) < 1.0  # the large initial rate overshoots some client
@@ -67,7 +68,8 @@ def test_fedavg_n_round_equals_normalised_average_of_local_models(synth_rc):
         ns.append(reply.content["metrics"]["num-examples"])
     lam0 = np.asarray(ns, float) / sum(ns)
     d = sum(l * g / np.linalg.norm(g) for l, g in zip(lam0, gs, strict=True))
-    # float64 step: 4 normalised gradients of O(1) entries summed, rounding ≈ 10·eps ≈ 2e-15; 1e-10 / 1e-12 leave margin
+    # float64 step: 4 normalised gradients of O(1) entries summed, rounding ≈ 10·eps ≈ 2e-15; 1e-10
+    # / 1e-12 leave margin
     np.testing.assert_allclose(_flat(res.arrays), w - 0.3 * d, rtol=1e-10, atol=1e-12)
     lam = strategy.history[-1]["lambda"]
     assert sorted(lam) == ["0", "1", "2", "3"]
@@ -82,7 +84,8 @@ def test_fedavg_mgda_is_flowers_fedavg_and_tracks_improvement(synth_rc):
           "fraction-train": 1.0}
     _, ref = _run("fedavg", rc, n=4, rounds=3)
     strategy, arrays = _run("fedavg-mgda", {**rc, "track-improvement": True}, n=4, rounds=3)
-    # the same float64 weighted average by two code paths: only the summation order differs (a few ulps of O(1) values)
+    # the same float64 weighted average by two code paths: only the summation order differs (a few
+    # ulps of O(1) values)
     np.testing.assert_allclose(_flat(arrays), _flat(ref), rtol=1e-12, atol=1e-13)
     for r in strategy.history:
         assert r["global_lr"] == 1.0 and 0.0 <= r["improved_fraction"] <= 1.0
@@ -108,7 +111,8 @@ def test_scaling_attack_changes_fedavg_but_not_fedmgda_direction(synth_rc):
     attack = {"malicious-ids": "1", "attack": "update-scale", "attack-scale": 25.0}
     _, honest = _run("fedmgda+", rc, n=3, rounds=2)
     _, attacked = _run("fedmgda+", {**rc, **attack}, n=3, rounds=2)
-    # normalising g and 25·g gives the same unit vector up to a few float64 ulps; rtol 1e-9 leaves margin
+    # normalising g and 25·g gives the same unit vector up to a few float64 ulps; rtol 1e-9 leaves
+    # margin
     np.testing.assert_allclose(_flat(attacked), _flat(honest), rtol=1e-9, atol=1e-10)
     _, honest_avg = _run("fedavg", rc, n=3, rounds=2)
     _, attacked_avg = _run("fedavg", {**rc, **attack}, n=3, rounds=2)
@@ -195,7 +199,8 @@ def test_replies_one_by_one_give_the_same_rounds_as_all_at_once(synth_rc):
     block, w_block = _one_round(rc, 5, None)
     for a, b in zip(one.history, block.history, strict=True):
         assert sorted(a["lambda"]) == sorted(b["lambda"]) == ["0", "1", "2", "3", "4"]
-        # Gram summed in one pass vs in blocks differs by float64 rounding (≈1e-16 relative); the min-norm QP
+        # Gram summed in one pass vs in blocks differs by float64 rounding (≈1e-16 relative); the
+        # min-norm QP
         # amplifies it by its conditioning, so 1e-9 keeps about six orders of magnitude of room
         np.testing.assert_allclose([a["lambda"][k] for k in sorted(a["lambda"])],
                                    [b["lambda"][k] for k in sorted(b["lambda"])], atol=1e-9)

@@ -39,7 +39,8 @@ def _losses(data, x):
 def saddle_point(data, rho: float) -> np.ndarray:
     """x* from an independent solver (cvxpy), checked to be a saddle point."""
     xs, _, residual = chi2_dro_regression_saddle_point(data, rho, MU)
-    # cvxpy's interior-point solver stops at gaps ≈ 1e-8; its saddle-point residual is well within 1e-5 relative
+    # cvxpy's interior-point solver stops at gaps ≈ 1e-8; its saddle-point residual is well within
+    # 1e-5 relative
     assert residual <= 1e-5 * max(1.0, np.linalg.norm(xs))
     return xs
 

@@ -40,7 +40,8 @@ def test_frobenius_projection_by_hand():
 
 
 def test_l2_projection_by_hand():
-    # float64: one scaling of exact inputs, ≤ 1 ulp (1.1e-16 relative) per operation; rtol 1e-15 = a few ulps
+    # float64: one scaling of exact inputs, ≤ 1 ulp (1.1e-16 relative) per operation; rtol 1e-15 = a
+    # few ulps
     np.testing.assert_allclose(project_l2_ball(np.array([3.0, 4.0]), 2.0), [1.2, 1.6], rtol=1e-15)
     np.testing.assert_array_equal(project_l2_ball(np.array([0.3, 0.4]), 2.0), [0.3, 0.4])
     np.testing.assert_array_equal(project_l2_ball(np.array([3.0, 4.0]), 0.0), [0.0, 0.0])

@@ -136,7 +136,8 @@ def test_dirichlet_small_alpha_concentrates_labels() -> None:
         return float(np.mean(table.max(axis=0) / table.sum(axis=0)))
 
     assert top_share(skewed) > 0.7
-    # α = 1000: each share is 0.2 ± 0.006 (Dirichlet sd √(0.16/5001)), the max of 5 about 1.2 sd above,
+    # α = 1000: each share is 0.2 ± 0.006 (Dirichlet sd √(0.16/5001)), the max of 5 about 1.2 sd
+    # above,
     # plus ≤ 1/300 from splitting ~350 rows per class: ≈ 0.21, well inside 0.05
     assert abs(top_share(even) - 0.2) < 0.05
 
@@ -350,7 +351,8 @@ def test_leaf_synthetic_alpha_zero_gives_unit_model_spread() -> None:
     # α = 0: u_k = 0, so W entries ~ N(0, 1) for every client
     clients = leaf_synthetic(20, alpha=0.0, beta=0.0, dim=50, num_classes=10, seed=1)
     w = np.concatenate([c.weights.ravel() for c in clients])
-    # 10 000 iid N(0, 1) draws: sd of the mean 0.01 and of the std ≈ 1/√(2n) = 0.007, so 0.05 is ≥ 5 sd
+    # 10 000 iid N(0, 1) draws: sd of the mean 0.01 and of the std ≈ 1/√(2n) = 0.007, so 0.05 is ≥ 5
+    # sd
     assert abs(w.mean()) < 0.05 and abs(w.std() - 1.0) < 0.05
 
 

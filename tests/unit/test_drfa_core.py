@@ -257,7 +257,8 @@ def test_prox_step_kl_kkt_conditions() -> None:
         if kappa >= 1e-2:  # otherwise entries may underflow to 0 (exp(-1/kappa))
             assert u.min() > 0.0
         pos = u > 1e-250
-        # the KL prox is solved to float64 accuracy: the residual's spread is rounding of terms of size `scale`
+        # the KL prox is solved to float64 accuracy: the residual's spread is rounding of terms of
+        # size `scale`
         # (≈1e-15·scale, times the log's conditioning); 1e-10·scale leaves margin for tiny u_i
         resid = kappa * (np.log(n * u[pos]) + 1.0) + u[pos] - y[pos]
         scale = 1.0 + kappa + np.abs(y).max()
@@ -317,7 +318,8 @@ def test_dual_step_stays_on_the_simplex(reg):
     for _ in range(200):
         ids = rng.integers(0, 20, size=5)
         lam = dual_step(lam, ids, rng.uniform(0, 50, size=5), tau=10, gamma=0.5, regularizer=reg, rho=0.3)
-        # 200 float64 steps on a 20-entry simplex, each renormalised: drift ≈ n·eps per step; 1e-9 is ample
+        # 200 float64 steps on a 20-entry simplex, each renormalised: drift ≈ n·eps per step; 1e-9
+        # is ample
         assert lam.min() >= 0.0 and lam.sum() == pytest.approx(1.0, abs=1e-9)
 
 

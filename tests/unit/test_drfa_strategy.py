@@ -110,7 +110,8 @@ def test_strategy_lambda_step_is_unbiased_over_rounds():
     steps = np.diff(np.stack(lams), axis=0) / (tau * gamma)
     target = losses - losses.mean()
     se = steps.std(axis=0, ddof=1) / np.sqrt(rounds)
-    # CLT over 600 rounds: each mean within 5 standard errors of E[v] − mean (probability of failure < 1e-6 per entry)
+    # CLT over 600 rounds: each mean within 5 standard errors of E[v] − mean (probability of failure
+    # < 1e-6 per entry)
     assert np.all(np.abs(steps.mean(axis=0) - target) < 5 * se)
     # and each single step equals the hand-built v of that round's U
     for s, rec in enumerate(strategy.history[:20]):
@@ -144,7 +145,8 @@ def test_lambda_on_simplex_every_round_and_logged_by_partition():
     for r in st.history:
         lam = np.array(list(r["lambda"].values()))
         assert sorted(r["lambda"]) == [str(i) for i in range(6)]
-        # λ is float64 on the simplex: sum within n·eps of 1 (1e-9 is ample); entropy of the same λ: default approx
+        # λ is float64 on the simplex: sum within n·eps of 1 (1e-9 is ample); entropy of the same λ:
+        # default approx
         assert lam.min() >= 0 and lam.sum() == pytest.approx(1.0, abs=1e-9)
         assert r["lambda_entropy"] == pytest.approx(lambda_entropy(lam))
 

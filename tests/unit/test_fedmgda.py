@@ -99,7 +99,8 @@ def test_three_orthogonal_replies_uniform_and_vanilla_mgda():
     v = _strategy(eps=None, normalize=False, global_lr=1.0)
     arrays, _ = v.aggregate_train(1, replies)
     lam = np.array([16.0, 4.0, 1.0]) / 21
-    # the QP's exact face solve leaves only float64 rounding (≈1e-16·cond) on O(1) values; 1e-12 leaves margin
+    # the QP's exact face solve leaves only float64 rounding (≈1e-16·cond) on O(1) values; 1e-12
+    # leaves margin
     np.testing.assert_allclose([v.round_extras()["lambda"][str(i)] for i in range(3)], lam, atol=1e-12)
     np.testing.assert_allclose(_flat(arrays), _flat(GLOBAL) - np.array([16, 8, 4, 0]) / 21, atol=1e-12)
     # with η = 1 the vanilla step is the λ-weighted average of the local models

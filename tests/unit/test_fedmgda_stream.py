@@ -314,7 +314,8 @@ def test_fedmgda_streamed_round_on_scripted_grid_equals_batch_aggregation():
     b = FedMGDA(eps=0.5, global_lr=0.4)
     b.current_arrays = arrays
     ref, _ = b.aggregate_train(1, replies)
-    # streamed and in-memory steps: float64 on O(1) values, a few ulps apart at most (1e-15 ≈ 4 ulps of 1)
+    # streamed and in-memory steps: float64 on O(1) values, a few ulps apart at most (1e-15 ≈ 4 ulps
+    # of 1)
     np.testing.assert_allclose(new["w"].numpy(), ref["w"].numpy(), atol=1e-15)
     # and by hand: ĝ_i = g_i/‖g_i‖, λ from the exact QP
     X = np.stack([np.array([0.0, 0.0, 1.0]) - n for n in (2.0, 1.0, 4.0)])

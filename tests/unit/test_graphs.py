@@ -70,7 +70,8 @@ def test_topologies_give_doubly_stochastic_w_with_rho_below_one(topology, K, kw)
     np.testing.assert_allclose(W.sum(axis=1), np.ones(K), atol=1e-12)
     np.testing.assert_allclose(W.sum(axis=0), np.ones(K), atol=1e-12)
     assert np.all(W >= 0)
-    # each entry one float64 division (the diagonal 1 − Σ in the same order): ≤ a few ulps of values ≤ 1
+    # each entry one float64 division (the diagonal 1 − Σ in the same order): ≤ a few ulps of values
+    # ≤ 1
     np.testing.assert_allclose(W, _independent_metropolis(graph), atol=1e-15)
     # support of W = edges + diagonal
     A = nx.to_numpy_array(graph, nodelist=range(K)) > 0
@@ -365,7 +366,8 @@ def test_mix_complete_graph_is_exact_average_layered():
     assert len(out) == K
     for node in out:
         assert len(node) == 2
-        # each node gets the float64 mean of K = 5 rows: ≈ K·eps ≈ 1e-15; squared row differences ≪ 1e-25
+        # each node gets the float64 mean of K = 5 rows: ≈ K·eps ≈ 1e-15; squared row differences ≪
+        # 1e-25
         np.testing.assert_allclose(node[0], avg0, atol=1e-14)
         np.testing.assert_allclose(node[1], avg1, atol=1e-14)
     assert consensus_distance(out) == pytest.approx(0.0, abs=1e-25)

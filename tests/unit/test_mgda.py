@@ -40,7 +40,8 @@ def _cvxpy_reference(G: np.ndarray, eps: float | None, center: np.ndarray | None
     lam = cp.Variable(m)
     cons = [cp.sum(lam) == 1, lam >= lo, lam <= hi]
     prob = cp.Problem(cp.Minimize(cp.quad_form(lam, cp.psd_wrap(G))), cons)
-    # reference solves pushed near float64 limits, orders of magnitude tighter than the contract REL/ABS
+    # reference solves pushed near float64 limits, orders of magnitude tighter than the contract
+    # REL/ABS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prob.solve(solver="OSQP", eps_abs=1e-12, eps_rel=1e-12, polish=True, max_iter=200_000)
@@ -210,7 +211,8 @@ def test_origin_in_hull_gives_zero(eps):
     V = np.concatenate([half, -half])
     G = V @ V.T
     lam = _check_solution(G, eps, None)
-    # exact face solve: f = ‖λᵀV‖² is rounding-level (≈ eps·m·max G_ii ≈ 1e-14), so ‖λᵀV‖ ≤ √1e-14 = 1e-7
+    # exact face solve: f = ‖λᵀV‖² is rounding-level (≈ eps·m·max G_ii ≈ 1e-14), so ‖λᵀV‖ ≤ √1e-14 =
+    # 1e-7
     assert float(lam @ G @ lam) <= 1e-14
     assert np.max(np.abs(lam @ V)) <= 1e-7
 
@@ -266,7 +268,8 @@ def test_opposite_gradients_reach_zero():
     g = np.array([[1.0, 2.0, -0.5]])
     V = np.concatenate([g, -g, 2 * g])
     lam = min_norm_weights(V @ V.T)
-    # origin in the hull of a rank-one G of O(1) entries: f and λᵀV are 0 up to float64 rounding (≈1e-16)
+    # origin in the hull of a rank-one G of O(1) entries: f and λᵀV are 0 up to float64 rounding
+    # (≈1e-16)
     assert abs(lam @ (V @ V.T) @ lam) <= 1e-12
     assert np.allclose(lam @ V, 0.0, atol=1e-12)
 

@@ -85,7 +85,8 @@ def test_project_simplex_kkt_single_threshold() -> None:
         v = rng.normal(size=int(rng.integers(2, 50)))
         p = project_simplex(v)
         theta = v[p > 0] - p[p > 0]
-        # θ = v_i − p_i is the same shift up to float64 rounding of values |v| ≲ 4: a few ulps ≪ 1e-12
+        # θ = v_i − p_i is the same shift up to float64 rounding of values |v| ≲ 4: a few ulps ≪
+        # 1e-12
         assert np.ptp(theta) <= 1e-12
         assert np.all(v[p == 0] <= theta[0] + 1e-12)
 
@@ -116,7 +117,8 @@ def test_project_simplex_fixed_point_and_shift_invariance() -> None:
     for k in range(N_RANDOM):
         n = int(rng.integers(1, 30))
         lam = rng.dirichlet(np.full(n, 0.3 if k % 2 else 2.0))
-        # on the simplex already: unchanged up to 1 ulp; +123 adds rounding 123·eps ≈ 3e-14 per entry, so 1e-12
+        # on the simplex already: unchanged up to 1 ulp; +123 adds rounding 123·eps ≈ 3e-14 per
+        # entry, so 1e-12
         np.testing.assert_allclose(project_simplex(lam), lam, atol=1e-15)
         v = rng.normal(size=n)
         np.testing.assert_allclose(project_simplex(v + 123.0), project_simplex(v), atol=1e-12)
@@ -167,7 +169,8 @@ def test_project_simplex_box_defaults_equal_simplex() -> None:
     rng = np.random.default_rng(4)
     for _ in range(N_RANDOM):
         v = rng.normal(size=int(rng.integers(1, 40))) * 3
-        # two exact algorithms in float64 on |v| ≲ 10, n ≤ 40: sorting/threshold rounding ≈ n·10·eps ≈ 1e-13
+        # two exact algorithms in float64 on |v| ≲ 10, n ≤ 40: sorting/threshold rounding ≈ n·10·eps
+        # ≈ 1e-13
         np.testing.assert_allclose(project_simplex_box(v), project_simplex(v), atol=1e-13)
 
 
@@ -298,7 +301,8 @@ def test_floor_simplex_matches_independent_solutions() -> None:
         if above.sum() > 1:
             ratio = p[above] / lam[above]
             assert np.ptp(ratio) <= 1e-9 * ratio.max()
-        # brentq to xtol 1e-16 gives the exact scaling to float64 accuracy (1e-12 leaves margin); the
+        # brentq to xtol 1e-16 gives the exact scaling to float64 accuracy (1e-12 leaves margin);
+        # the
         # fixed-point iteration converges linearly and stops at its iteration cap, hence 1e-10
         np.testing.assert_allclose(p, _floor_by_root_find(lam, floor), atol=1e-12)
         np.testing.assert_allclose(p, _floor_by_iteration(lam, floor), atol=1e-10)
@@ -322,7 +326,8 @@ def test_floor_simplex_limits() -> None:
     for _ in range(N_RANDOM):
         n = int(rng.integers(1, 20))
         lam = rng.dirichlet(np.ones(n))
-        # floor 0: unchanged up to 1 ulp of values ≤ 1; floor 1/n: uniform up to a few ulps, inside default rtol 1e-7
+        # floor 0: unchanged up to 1 ulp of values ≤ 1; floor 1/n: uniform up to a few ulps, inside
+        # default rtol 1e-7
         np.testing.assert_allclose(floor_simplex(lam, 0.0), lam, atol=1e-15)
         np.testing.assert_allclose(floor_simplex(lam, 1.0 / n), np.full(n, 1.0 / n))
         # Unnormalised input gives the same answer.

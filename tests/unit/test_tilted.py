@@ -184,7 +184,8 @@ def test_relative_weights_match_scipy_softmax(mu):
     rng = np.random.default_rng(0)
     losses = rng.uniform(0.0, 5.0, size=17)
     p = relative_tilt_weights(losses, mu)
-    # float64 softmax two ways, |ℓ/μ| ≤ 500: relative error ≈ 500·eps ≈ 1e-13 < 1e-12; atol 1e-300 only admits underflow
+    # float64 softmax two ways, |ℓ/μ| ≤ 500: relative error ≈ 500·eps ≈ 1e-13 < 1e-12; atol 1e-300
+    # only admits underflow
     np.testing.assert_allclose(p, softmax(losses / mu), rtol=1e-12, atol=1e-300)
     assert p.dtype == np.float64
     assert p.sum() == pytest.approx(1.0, abs=1e-12)
