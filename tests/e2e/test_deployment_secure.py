@@ -238,6 +238,8 @@ def test_secure_deployment_tls_and_supernode_auth(tmp_path):
             assert all(0.0 <= a <= 1.0 for a in rounds[-1]["client_acc"].values())
         lam = json.loads((out / "drfa" / "rounds.jsonl").read_text().splitlines()[-1])["lambda"]
         assert sorted(lam) == ["0", "1"]
+        # λ is float64 on the simplex and JSON keeps float64 exactly: the sum is within n·eps
+        # (2.2e-16) of 1; 1e-9 is ample
         assert abs(sum(lam.values()) - 1.0) < 1e-9 and min(lam.values()) >= 0.0
         # the two registered nodes are still the only ones the SuperLink knows as online
         assert _online_node_ids(env) == sorted(node_ids)

@@ -50,6 +50,8 @@ def test_flwr_run_simulation_completes_and_reports_fairness(tmp_path):
         last = json.loads((out / name / "rounds.jsonl").read_text().splitlines()[-1])
         lam = last["lambda"]
         assert sorted(lam) == ["0", "1", "2", "3"]
+        # λ is float64 on the simplex and JSON keeps float64 exactly: the sum is within n·eps
+        # (2.2e-16) of 1; 1e-9 is ample
         assert abs(sum(lam.values()) - 1.0) < 1e-9 and min(lam.values()) >= 0.0
 
 

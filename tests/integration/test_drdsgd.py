@@ -61,6 +61,8 @@ def test_drdsgd_and_dsgd_run_and_log_consensus_transfers_rho(tmp_path, synth_rc)
             _, acc = evaluate_model(
                 rt.model_from(strategy.device_model(pid)), rt.data.x_test, rt.data.y_test
             )
+            # accuracy = correct/n from the same predictions: equal up to the float64 division
+            # (1e-16); 1e-9 is ample
             assert strategy.client_metrics[pid]["test_acc"] == pytest.approx(acc, abs=1e-9)
         assert np.all(
             np.isfinite(
@@ -106,7 +108,10 @@ def test_complete_graph_reaches_exact_consensus(synth_rc):
         verbose=False,
     )
     hist = res.histories["drdsgd"][0]
+    # W = 11ᵀ/K gives every device the same float32 average: squared differences are 0 or
+    # (1e-7)²-level, far below 1e-10
     assert all(r["consensus_distance"] < 1e-10 for r in hist)
+    # ρ = ‖W − 11ᵀ/K‖₂ of W = 11ᵀ/K in float64: eigen-solver rounding ≈ K·eps ≈ 1e-15
     assert all(r["rho"] == pytest.approx(0.0, abs=1e-12) for r in hist)
     assert hist[-1]["transfers"] == 5 * 4  # K(K−1)/2 edges, both ways
 
@@ -143,6 +148,11 @@ def test_eval_model_average_scores_the_consensus_average_on_each_device(synth_rc
     for pid, ctx in _contexts(synth_rc, 5).items():
         rt = get_runtime(ctx)
         loss, acc = evaluate_model(rt.model_from(theta_bar), rt.data.x_test, rt.data.y_test)
+        # θ̄ here (float64 mean cast to float32) and the strategy's differ by an ulp at most (u ≈
+        # 6e-8):
+        # the float32 loss moves by a few u, far inside rel 1e-5; the accuracy (a count over n)
+        # flips only
+        # for a margin within an ulp, so abs 1e-9 only absorbs the float64 division
         assert strategy.client_metrics[pid]["test_acc"] == pytest.approx(acc, abs=1e-9)
         assert strategy.client_metrics[pid]["test_loss"] == pytest.approx(loss, rel=1e-5)
 

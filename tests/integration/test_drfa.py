@@ -20,6 +20,7 @@ def _flat(arrays: ArrayRecord) -> np.ndarray:
 
 def _on_simplex(lam: dict) -> bool:
     vals = np.array(list(lam.values()))
+    # λ is float64 on the simplex: the sum is within n·eps (2.2e-16) of 1; 1e-9 is ample
     return bool(vals.min() >= 0 and abs(vals.sum() - 1) < 1e-9)
 
 
@@ -187,6 +188,8 @@ def test_a_run_resumed_after_a_crash_equals_an_uninterrupted_run(synth_rc, tmp_p
                 "run-config": rc, "output-root": str(root)}
 
     whole, _ = crash_and_resume(name, experiment)
+    # γ·0.8^k by a power here and by repeated products in the code: k float64 roundings; default
+    # approx (rel 1e-6) is ample
     assert [r["dual_lr"] for r in whole.histories[name][0]] == pytest.approx([0.05 * 0.8**k for k in range(4)])
     assert [r["round"] for r in load_records(tmp_path / "cut" / "resume" / name / "seed0")] == [1, 2, 3, 4]
 

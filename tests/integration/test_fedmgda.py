@@ -40,6 +40,8 @@ def test_improved_fraction_reaches_one_with_full_batch_steps_and_decaying_rate(s
     strategy, _ = _run("fedmgda+", rc, n=5, rounds=30)
     fracs = [r["improved_fraction"] for r in strategy.history]
     rates = [r["global_lr"] for r in strategy.history]
+    # the decay β^(t/T) by float64 power here and by the code's own route: a few ulps; default
+    # approx (rel 1e-6) is ample
     assert rates[0] == pytest.approx(1.0) and rates[15] == pytest.approx(0.05**(2 / 3))
     assert rates[-1] == pytest.approx(0.05**(4 / 3))
     assert min(fracs[:10]) < 1.0  # the large initial rate overshoots some client
@@ -66,9 +68,12 @@ def test_fedavg_n_round_equals_normalised_average_of_local_models(synth_rc):
         ns.append(reply.content["metrics"]["num-examples"])
     lam0 = np.asarray(ns, float) / sum(ns)
     d = sum(l * g / np.linalg.norm(g) for l, g in zip(lam0, gs, strict=True))
+    # float64 step: 4 normalised gradients of O(1) entries summed, rounding ≈ 10·eps ≈ 2e-15; 1e-10
+    # / 1e-12 leave margin
     np.testing.assert_allclose(_flat(res.arrays), w - 0.3 * d, rtol=1e-10, atol=1e-12)
     lam = strategy.history[-1]["lambda"]
     assert sorted(lam) == ["0", "1", "2", "3"]
+    # λ0 = n_k/Σn in float64 on both sides: ≤ 1 ulp
     np.testing.assert_allclose([lam[str(k)] for k in range(4)], lam0, atol=1e-12)
 
 
@@ -79,9 +84,12 @@ def test_fedavg_mgda_is_flowers_fedavg_and_tracks_improvement(synth_rc):
           "fraction-train": 1.0}
     _, ref = _run("fedavg", rc, n=4, rounds=3)
     strategy, arrays = _run("fedavg-mgda", {**rc, "track-improvement": True}, n=4, rounds=3)
+    # the same float64 weighted average by two code paths: only the summation order differs (a few
+    # ulps of O(1) values)
     np.testing.assert_allclose(_flat(arrays), _flat(ref), rtol=1e-12, atol=1e-13)
     for r in strategy.history:
         assert r["global_lr"] == 1.0 and 0.0 <= r["improved_fraction"] <= 1.0
+        # λ is float64 on the simplex: the sum is within n·eps (2.2e-16) of 1
         assert sum(r["lambda"].values()) == pytest.approx(1.0, abs=1e-12)
 
 
@@ -91,6 +99,7 @@ def test_lambda_logged_by_partition_for_the_sampled_fraction(synth_rc):
     for r in strategy.history:
         lam = r["lambda"]
         assert len(lam) == 3 and set(lam) <= {str(k) for k in range(6)}
+        # λ is float64 on the simplex: the sum is within n·eps (2.2e-16) of 1; 1e-9 is ample
         assert sum(lam.values()) == pytest.approx(1.0, abs=1e-9)
         assert all(1 / 3 - 0.2 - 1e-12 <= v <= 1 / 3 + 0.2 + 1e-12 for v in lam.values())
     assert np.all(np.isfinite(_flat(arrays)))
@@ -102,6 +111,8 @@ def test_scaling_attack_changes_fedavg_but_not_fedmgda_direction(synth_rc):
     attack = {"malicious-ids": "1", "attack": "update-scale", "attack-scale": 25.0}
     _, honest = _run("fedmgda+", rc, n=3, rounds=2)
     _, attacked = _run("fedmgda+", {**rc, **attack}, n=3, rounds=2)
+    # normalising g and 25·g gives the same unit vector up to a few float64 ulps; rtol 1e-9 leaves
+    # margin
     np.testing.assert_allclose(_flat(attacked), _flat(honest), rtol=1e-9, atol=1e-10)
     _, honest_avg = _run("fedavg", rc, n=3, rounds=2)
     _, attacked_avg = _run("fedavg", {**rc, **attack}, n=3, rounds=2)
@@ -188,6 +199,9 @@ def test_replies_one_by_one_give_the_same_rounds_as_all_at_once(synth_rc):
     block, w_block = _one_round(rc, 5, None)
     for a, b in zip(one.history, block.history, strict=True):
         assert sorted(a["lambda"]) == sorted(b["lambda"]) == ["0", "1", "2", "3", "4"]
+        # Gram summed in one pass vs in blocks differs by float64 rounding (≈1e-16 relative); the
+        # min-norm QP
+        # amplifies it by its conditioning, so 1e-9 keeps about six orders of magnitude of room
         np.testing.assert_allclose([a["lambda"][k] for k in sorted(a["lambda"])],
                                    [b["lambda"][k] for k in sorted(b["lambda"])], atol=1e-9)
         assert a["server_step_s"] >= 0.0
@@ -251,4 +265,5 @@ def test_improved_fraction_is_the_same_whatever_train_loss_on(synth_rc):
     np.testing.assert_array_equal(_flat(w_full), _flat(w_batch))
     for a, b in zip(full.history, batch.history, strict=True):
         assert a["improved_fraction"] == b["improved_fraction"]
+        # float64 sums of the same per-client losses in another order: a few ulps of O(1) values
         assert a["loss_change"] == pytest.approx(b["loss_change"], rel=0, abs=1e-12)

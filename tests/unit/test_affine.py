@@ -58,6 +58,7 @@ def test_apply_affine_matches_numpy_on_image_shaped_batch():
     out = apply_affine(torch.as_tensor(x), torch.as_tensor(lam), torch.as_tensor(delta))
     expected = (x.reshape(5, 6) @ lam.T + delta).reshape(5, 1, 2, 3)
     assert out.shape == (5, 1, 2, 3)
+    # float64 6×6 matmul plus a shift: rounding ≈ 6·eps ≈ 1e-15 relative; 1e-12 leaves margin
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-12)
 
 
@@ -92,6 +93,8 @@ def test_ball_projections_apply_to_tensors_by_hand():
     assert isinstance(out, torch.Tensor)
     np.testing.assert_allclose(out.numpy(), [[1.6, 0.0], [0.0, 1.8]])
     assert torch.equal(project_frobenius_ball(lam, 6.0, torch.eye(2)), lam)
+    # float32 tensors: each result is within u ≈ 6e-8 relative of the decimal, inside the default
+    # rtol 1e-7
     np.testing.assert_allclose(project_l2_ball(torch.tensor([3.0, 4.0]), 2.0).numpy(), [1.2, 1.6])
     rows = torch.tensor([[3.0, 4.0], [0.0, 0.5], [0.0, 0.0]])
     np.testing.assert_allclose(project_l2_ball_rows(rows, 1.0).numpy(), [[0.6, 0.8], [0.0, 0.5], [0.0, 0.0]])
@@ -123,6 +126,9 @@ def test_worst_shift_of_a_binary_linear_model_matches_the_closed_form():
     v = w[y] - w[1 - y]
     e_star = -e1 * np.outer(v, x[0]) / (np.linalg.norm(v) * np.linalg.norm(x))
     delta_star = -e2 * v / np.linalg.norm(v)
+    # the loss is monotone in vᵀ(Ex + δ), so projected ascent lands on (E*, δ*) up to float64
+    # rounding
+    # (≈1e-15); atol 1e-8 and, for the softplus of the margin, rel 1e-10 leave ample room
     np.testing.assert_allclose(lam.numpy() - np.eye(d), e_star, atol=1e-8)
     np.testing.assert_allclose(delta.numpy(), delta_star, atol=1e-8)
     margin = v @ (x[0] + e_star @ x[0] + delta_star) + b[y] - b[1 - y]
@@ -154,6 +160,8 @@ def test_worst_shift_under_the_margin_loss_matches_the_closed_form():
     v = w[y] - w[1 - y]
     e_star = -e1 * np.outer(v, x[0]) / (np.linalg.norm(v) * np.linalg.norm(x))
     delta_star = -e2 * v / np.linalg.norm(v)
+    # as above: float64 rounding (≈1e-15) once the ascent reaches (E*, δ*); 1e-8 and rel 1e-10 leave
+    # ample room
     np.testing.assert_allclose(lam.numpy() - np.eye(d), e_star, atol=1e-8)
     np.testing.assert_allclose(delta.numpy(), delta_star, atol=1e-8)
     margin = v @ (x[0] + e_star @ x[0] + delta_star) + b[y] - b[1 - y]
@@ -173,6 +181,8 @@ def test_robust_accuracy_passes_the_attack_loss_through():
     for loss_fn in (None, margin_loss):
         acc = robust_accuracy(_linear(w), torch.as_tensor(x), y, "affine", eps_lambda=0.0, eps_delta=eps,
                               steps=20, loss_fn=loss_fn)
+        # accuracy is a count over n from the same decisions: default approx only absorbs the
+        # float64 division
         assert acc == pytest.approx(expected)
 
 
@@ -185,6 +195,8 @@ def test_worst_delta_for_many_examples_of_one_label_is_minus_eps_v_over_norm():
     y = torch.zeros(n, dtype=torch.long)
     lam, delta, _ = worst_affine_shift(_linear(w), x, y, 0.0, 1.5, steps=20)
     v = w[0] - w[1]
+    # constant gradient direction: δ lands on −ε v/‖v‖ up to float64 rounding (≈1e-15); 1e-8 is
+    # ample
     np.testing.assert_allclose(delta.numpy(), -1.5 * v / np.linalg.norm(v), atol=1e-8)
     np.testing.assert_allclose(lam.numpy(), np.eye(d))
 
@@ -239,6 +251,8 @@ def test_l2_attacks_on_a_binary_linear_model_match_the_closed_form(attack):
     xa = pgd_l2_attack(model, x, y, eps, steps=10) if attack == "pgd" else fgm_l2_attack(model, x, y, eps)
     v = w[y.numpy()] - w[1 - y.numpy()]
     expected = x.numpy() - eps * v / np.linalg.norm(v, axis=1, keepdims=True)
+    # linear model: constant gradient direction, so the attack lands on x − εv/‖v‖ up to float64
+    # rounding (≈1e-15)
     np.testing.assert_allclose(xa.numpy(), expected, atol=1e-8)
     assert not any(p.grad is not None for p in model.parameters())
 
@@ -288,6 +302,8 @@ def test_inner_objective_and_one_ascent_step_of_a_linear_model_with_squared_loss
     r, g_lam, g_delta, _, _ = _squared_loss_gradients(x, y, w, b, lam, delta)
     phi = np.mean(r ** 2) - pen * np.sum((lam - np.eye(4)) ** 2) - pen * np.sum(delta ** 2)
     args = (model, torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(lam), torch.as_tensor(delta))
+    # float64 mean of 7 squares and two penalties: rounding ≈ 10·eps ≈ 2e-15 relative; 1e-13 leaves
+    # margin
     assert float(inner_objective(*args, pen, loss_fn=F.mse_loss).detach()) == pytest.approx(phi, rel=1e-13)
     new_lam, new_delta = affine_ascent_step(*args, adv_lr=eta, penalty=pen, loss_fn=F.mse_loss)
     # float64 sums of a handful of O(1) products: agreement to ~1e-15, asserted at 1e-12
@@ -336,6 +352,8 @@ def test_fedrobust_local_step_is_simultaneous_descent_ascent_at_the_current_poin
             for p in ref.parameters():
                 p -= eta1 * p.grad
         lam_r, delta_r = new_lam, new_delta
+    # float64 MLP, the same steps in the same order: only summation order differs, ≈1e-16 on O(1)
+    # values
     np.testing.assert_allclose(lam.numpy(), lam_r.numpy(), atol=1e-12)
     np.testing.assert_allclose(delta.numpy(), delta_r.numpy(), atol=1e-12)
     for k, v in ref.state_dict().items():
@@ -377,6 +395,8 @@ def test_adversarial_training_with_zero_radius_is_plain_sgd():
             for p in b.parameters():
                 p -= 0.1 * p.grad
     for k, v in b.state_dict().items():
+        # float64 MLP, the same SGD steps in the same order: only summation order differs, ≈1e-16 on
+        # O(1) values
         np.testing.assert_allclose(res.state[k].numpy(), v.numpy(), atol=1e-12)
     with pytest.raises(ValueError, match="adv-eps"):
         adversarial_local(_mlp(), data, kind="fgm", eps=-1.0, steps=1, lr=0.1, batch_size=4,
@@ -396,6 +416,8 @@ def test_evaluate_robustness_from_saved_arrays():
     out = evaluate_robustness("logreg", arrays, x, y, num_classes=2, affine=[(0.0, 0.0), (0.5, 1.0)],
                               pgd=[0.5, 2.0])
     clean = float(np.mean((x @ w.T).argmax(1) == y))
+    # accuracies are counts over 50 from the same per-sample decisions: default approx only absorbs
+    # the division
     assert out["clean"] == pytest.approx(clean)
     assert out["affine@0,0"] == pytest.approx(clean)
     # per-sample closed form for a binary linear model: correct iff margin > ε‖v‖

@@ -40,6 +40,8 @@ def test_frobenius_projection_by_hand():
 
 
 def test_l2_projection_by_hand():
+    # float64: one scaling of exact inputs, ≤ 1 ulp (1.1e-16 relative) per operation; rtol 1e-15 = a
+    # few ulps
     np.testing.assert_allclose(project_l2_ball(np.array([3.0, 4.0]), 2.0), [1.2, 1.6], rtol=1e-15)
     np.testing.assert_array_equal(project_l2_ball(np.array([0.3, 0.4]), 2.0), [0.3, 0.4])
     np.testing.assert_array_equal(project_l2_ball(np.array([3.0, 4.0]), 0.0), [0.0, 0.0])
@@ -54,6 +56,7 @@ def test_ascent_update_by_hand_on_a_two_dimensional_shift():
     lam, delta = np.array([[2.0, 0.0], [1.0, 1.0]]), np.array([1.0, -1.0])
     g_lam, g_delta = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([0.5, 0.5])
     new_lam, new_delta = affine_ascent_update(lam, delta, g_lam, g_delta, adv_lr=0.1, penalty=2.0)
+    # float64, three operations on O(1) numbers: a few ulps (2.2e-16); rtol 1e-14 leaves margin
     np.testing.assert_allclose(new_lam, [[1.7, 0.2], [0.9, 1.4]], rtol=1e-14)
     np.testing.assert_allclose(new_delta, [0.65, -0.55], rtol=1e-14)
     np.testing.assert_array_equal(lam, [[2.0, 0.0], [1.0, 1.0]])  # inputs untouched

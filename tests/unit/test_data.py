@@ -136,6 +136,9 @@ def test_dirichlet_small_alpha_concentrates_labels() -> None:
         return float(np.mean(table.max(axis=0) / table.sum(axis=0)))
 
     assert top_share(skewed) > 0.7
+    # α = 1000: each share is 0.2 ± 0.006 (Dirichlet sd √(0.16/5001)), the max of 5 about 1.2 sd
+    # above,
+    # plus ≤ 1/300 from splitting ~350 rows per class: ≈ 0.21, well inside 0.05
     assert abs(top_share(even) - 0.2) < 0.05
 
 
@@ -348,6 +351,8 @@ def test_leaf_synthetic_alpha_zero_gives_unit_model_spread() -> None:
     # α = 0: u_k = 0, so W entries ~ N(0, 1) for every client
     clients = leaf_synthetic(20, alpha=0.0, beta=0.0, dim=50, num_classes=10, seed=1)
     w = np.concatenate([c.weights.ravel() for c in clients])
+    # 10 000 iid N(0, 1) draws: sd of the mean 0.01 and of the std ≈ 1/√(2n) = 0.007, so 0.05 is ≥ 5
+    # sd
     assert abs(w.mean()) < 0.05 and abs(w.std() - 1.0) < 0.05
 
 
@@ -357,6 +362,7 @@ def test_robust_regression_exact_targets_and_shifts() -> None:
     )
     for i, (a, y) in enumerate(zip(problem.features, problem.targets, strict=True)):
         assert a.shape == (30, 5) and y.shape == (30,)
+        # float64 5-term dot products of O(1) values: rounding ≈ 1e-15; 1e-12 leaves margin
         np.testing.assert_allclose(y, a @ (problem.x_hat + problem.shifts[i]), rtol=0, atol=1e-12)
         # y is exactly linear in a: least squares recovers x̂ + δ_i
         sol, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -371,6 +377,7 @@ def test_robust_regression_statistics() -> None:
     assert abs(problem.x_hat.std() - 3.0) < 0.3  # 400 draws: sd of the estimate ~ 0.11
     assert abs(problem.shifts.std() - 0.2) < 0.01  # 20000 draws
     a = np.concatenate(problem.features)
+    # 10⁶ iid N(0, 1) features: sd of the mean 1e-3 and of the std 7e-4, so 0.01 is ≥ 10 sd
     assert abs(a.mean()) < 0.01 and abs(a.std() - 1.0) < 0.01
     no_shift = robust_regression_problem(3, dim=4, samples_per_client=5, shift_sigma=0.0, seed=1)
     np.testing.assert_array_equal(no_shift.shifts, np.zeros((3, 4)))
@@ -618,6 +625,7 @@ def test_one_class_label_mix_uses_whole_test_class(fake_raw: RawDataset) -> None
     for i, c in enumerate(load_federated(cfg)):
         assert set(c.y_train.tolist()) == {i} and c.num_train == [160, 120, 80, 40][i]
         assert set(c.y_test.tolist()) == {i} and c.num_test == 50
+        # float32 pixels / 255 vs the float64 quotient: one float32 rounding, u ≈ 6e-8 < 1e-6
         np.testing.assert_allclose(
             c.x_test, fake_raw.x_test[fake_raw.y_test == i] / 255.0, rtol=1e-6
         )  # one float32 rounding (≤ 6e-8 relative)

@@ -134,6 +134,8 @@ def test_gossip_step_matches_hand_computation_and_each_node_gets_its_own_model()
     theta1 = _ring_by_hand(np.zeros((K, 3)) + D)
     theta2 = _ring_by_hand(theta1 + D)
     for i in range(K):
+        # float64 models and deltas: two ring averages, rounding ≈ 1e-15 relative; 1e-12 leaves
+        # margin
         np.testing.assert_allclose(strategy.device_model(i)["w"].numpy(), theta2[i], rtol=1e-12)
     # round 2 sent device i its own θ_i^1, and evaluation used θ_i^2
     sent2 = {pid: th for mt, rnd, pid, th in grid.received if mt == "train.drdsgd" and rnd == 2}
@@ -165,6 +167,8 @@ def test_eval_model_average_sends_the_consensus_average_to_every_device():
     evaluated = {pid: th for mt, rnd, pid, th in grid.received if mt == "evaluate" and rnd == 2}
     assert sorted(evaluated) == list(range(K))
     for i in range(K):
+        # float64 averages of 5 rows and their sum (the scripted loss): rounding ≈ 1e-15; 1e-12 /
+        # 1e-9 leave margin
         np.testing.assert_allclose(evaluated[i], avg2, rtol=1e-12)
         assert strategy.client_metrics[i]["test_loss"] == pytest.approx(avg2.sum(), rel=1e-9)
     # training still sends each device its own model, and the devices still differ
@@ -172,6 +176,7 @@ def test_eval_model_average_sends_the_consensus_average_to_every_device():
     for i in range(K):
         np.testing.assert_allclose(sent2[i], theta1[i], rtol=1e-12)
         np.testing.assert_allclose(strategy.device_model(i)["w"].numpy(), theta2[i], rtol=1e-12)
+    # devices differ by O(1), far above allclose's default rtol 1e-5
     assert not np.allclose(theta2[0], avg2)
     assert strategy.settings()["eval_model"] == "average"
 
@@ -201,6 +206,7 @@ def test_max_tilt_weight_sets_the_log_cap_sent_to_clients_and_is_flagged():
     capped = build_strategy("drdsgd", {"num-partitions": 5, "max-tilt-weight": 0.5})
     assert capped.config.log_cap == pytest.approx(math.log(0.5), rel=1e-15)
     settings = capped.settings()
+    # exp and log round-trips of 0.5 in float64: ≤ 1 ulp each; rel 1e-15 ≈ 4 ulps
     assert settings["max_tilt_weight"] == pytest.approx(0.5, rel=1e-15)
     assert settings["tilt_cap_departs_from_paper"] is True
     configs = _train_configs(capped)
@@ -275,6 +281,9 @@ def test_client_step_with_max_tilt_weight_is_min_of_multiplier_and_cap():
         mu=mu,
         log_cap=math.log(cap),
     )
+    # float32 model, step by two code paths: loss within ~10 float32 eps (1.2e-7), so rel 1e-6;
+    # weights of size ~1 after one scaled step within rtol 1e-5 / atol 1e-6 (≈ 10 eps and its
+    # absolute floor)
     assert res.capped == 1 and res.scales == [pytest.approx(cap)]
     assert res.log_weights[0] == pytest.approx(loss / mu - math.log(mu), rel=1e-6)
     np.testing.assert_allclose(res.state["weight"].numpy(), expected[0], rtol=1e-5, atol=1e-6)
@@ -291,6 +300,7 @@ def test_round_log_has_consensus_distance_transfers_rho_and_tilt_weights():
     rec = strategy.history[-1]
     theta1 = _ring_by_hand(np.stack([deltas[i] for i in range(K)]))
     expected_xi = np.mean(np.sum((theta1 - theta1.mean(axis=0)) ** 2, axis=1))
+    # float64 gossip of 4 rows: rounding ≈ 1e-15 relative; 1e-12 leaves margin
     assert rec["consensus_distance"] == pytest.approx(expected_xi, rel=1e-12)
     assert rec["transfers"] == 2 * K  # a ring has K edges, one model each way
     # ring of 4 with weights 1/3: eigenvalues 1, 1/3, -1/3, 1/3 → ρ = max(λ₂², λ_K²) = 1/9
@@ -409,6 +419,7 @@ def test_dsgd_step_is_plain_sgd_step():
         mu=None,
         robust=False,
     )
+    # float32 model, one SGD step by two code paths: ~10 float32 eps (1.2e-7) on weights of size ~1
     np.testing.assert_allclose(res.state["weight"].numpy(), expected[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res.state["bias"].numpy(), expected[1], rtol=1e-5, atol=1e-6)
     assert res.scales == [1.0] and res.log_weights == [0.0] and res.capped == 0
@@ -421,6 +432,9 @@ def test_drdsgd_step_scale_is_exp_loss_over_mu_over_mu(mu):
     res = drdsgd_local_step(
         model, data, lr=0.1, batch_size=10, generator=drdsgd_generator(0, 5, 1), mu=mu
     )
+    # float32 loss by two code paths: a few eps (1.2e-7); exp(ℓ/μ)/μ and ℓ/μ − log μ inherit it
+    # times ℓ/μ ≲ 3,
+    # so rel 1e-6; weights as in the plain step (rtol 1e-5, atol 1e-6)
     assert res.losses[0] == pytest.approx(loss, rel=1e-6)
     assert res.scales[0] == pytest.approx(math.exp(loss / mu) / mu, rel=1e-6)
     assert res.log_weights[0] == pytest.approx(loss / mu - math.log(mu), rel=1e-6)
@@ -433,6 +447,7 @@ def test_tiny_mu_is_capped_and_stays_finite():
     res = drdsgd_local_step(
         model, data, lr=1e-3, batch_size=10, generator=drdsgd_generator(0, 1, 0), mu=1e-3
     )
+    # scale = exp(cap 50) in float64: ≤ 1 ulp; default approx (rel 1e-6) is ample
     assert res.capped == 1 and res.scales[0] == pytest.approx(math.exp(50.0))
     assert res.log_weights[0] > 50  # uncapped log-weight kept exactly
     assert all(torch.isfinite(v).all() for v in res.state.values())
@@ -502,6 +517,9 @@ def test_handler_reply_keys_and_log_weight(synth_rc):
     for k in init.keys():
         full = reply.content["arrays"][k].numpy() - theta0[k]
         part = capped.content["arrays"][k].numpy() - theta0[k]
+        # θ − θ0 cancels in float32: relative error ≈ u·|θ|/|Δθ| ≈ 1e-5 for steps ~1% of θ, so rtol
+        # 1e-4;
+        # atol 1e-7 ≈ one float32 ulp of O(1) weights for entries whose update is near 0
         np.testing.assert_allclose(part, ratio * full, rtol=1e-4, atol=1e-7)
     # without mu the robust handler refuses, naming the key
     del cfg["mu"]
@@ -532,6 +550,8 @@ def test_resampled_graph_changes_and_logs_expected_rho():
     assert any(not np.array_equal(Ws[0], W) for W in Ws[1:])
     rho_exp = strategy.history[-1]["rho_expected"]
     gram = sum(W.T @ W for W in Ws) / 4
+    # float64 2-norm of a 6×6 symmetric matrix: eigen-solver rounding ≈ K·eps; rel 1e-12 leaves
+    # margin
     assert rho_exp == pytest.approx(np.linalg.norm(gram - np.full((K, K), 1 / K), ord=2), rel=1e-12)
     assert all(r["rho"] < 1 for r in strategy.history)
 

@@ -26,7 +26,11 @@ from flowerdro.core.simplex import project_simplex
 from flowerdro.experiments.references import solve_tightly
 
 N_RANDOM = 25
-SOL_ATOL = 1e-6  # cvxpy is an interior-point approximation
+# cvxpy is solved to gaps of 1e-12 where it can reach them: an interior-point solution of a
+# strongly convex problem is accurate to about √gap ≈ 1e-6, its objective to about the gap
+# (OBJ_RTOL 1e-7 leaves margin); our own iterates are float64 and meet the constraints to
+# n·eps ≈ 1e-14, far inside CON_ATOL.
+SOL_ATOL = 1e-6
 OBJ_RTOL = 1e-7
 CON_ATOL = 1e-9
 
@@ -248,10 +252,14 @@ def test_prox_step_kl_kkt_conditions() -> None:
         u = prox_step(lam, v, tau, gamma, "kl", rho)
         kappa = gamma * tau * rho
         y = lam + gamma * tau * v
+        # float64 sum of ≤ 40 entries: within n·eps ≈ 1e-14 of 1
         assert abs(u.sum() - 1.0) <= 1e-12
         if kappa >= 1e-2:  # otherwise entries may underflow to 0 (exp(-1/kappa))
             assert u.min() > 0.0
         pos = u > 1e-250
+        # the KL prox is solved to float64 accuracy: the residual's spread is rounding of terms of
+        # size `scale`
+        # (≈1e-15·scale, times the log's conditioning); 1e-10·scale leaves margin for tiny u_i
         resid = kappa * (np.log(n * u[pos]) + 1.0) + u[pos] - y[pos]
         scale = 1.0 + kappa + np.abs(y).max()
         assert np.ptp(resid) <= 1e-10 * scale, (kappa, np.ptp(resid))
@@ -259,6 +267,7 @@ def test_prox_step_kl_kkt_conditions() -> None:
         # equation with log(N u_i) < log(N 1e-250), i.e. y_i lies far below the others.
         if (~pos).any():
             bound = kappa * (np.log(n * 1e-250) + 1.0) + 1e-250 - resid.mean()
+            # the same 1e-10·scale margin over float64 rounding as the residual spread above
             assert np.all(y[~pos] <= bound + 1e-10 * scale)
 
 
@@ -309,6 +318,8 @@ def test_dual_step_stays_on_the_simplex(reg):
     for _ in range(200):
         ids = rng.integers(0, 20, size=5)
         lam = dual_step(lam, ids, rng.uniform(0, 50, size=5), tau=10, gamma=0.5, regularizer=reg, rho=0.3)
+        # 200 float64 steps on a 20-entry simplex, each renormalised: drift ≈ n·eps per step; 1e-9
+        # is ample
         assert lam.min() >= 0.0 and lam.sum() == pytest.approx(1.0, abs=1e-9)
 
 
@@ -328,6 +339,7 @@ def test_lambda_floor_keeps_simplex_and_floor():
     for _ in range(100):
         ids = rng.integers(0, 10, size=3)
         lam = dual_step(lam, ids, rng.uniform(0, 100, size=3), tau=10, gamma=1.0, floor=floor)
+        # float64 floor projection: floor kept and sum 1 up to n·eps (≈1e-15)
         assert lam.min() >= floor - 1e-12 and lam.sum() == pytest.approx(1.0, abs=1e-12)
     # without the floor the same updates drive entries to exactly zero
     assert dual_step(np.full(10, 0.1), [0], [100.0], tau=10, gamma=1.0).min() == 0.0
@@ -365,6 +377,7 @@ def test_default_dual_lr_bounds_the_expected_relative_move_when_m_exceeds_n():
     np.testing.assert_allclose(n * mean / n**m, 0.16 * tau * f, rtol=1e-12)  # float64 sum of 243 terms
 
 def test_default_dual_lr_by_hand():
+    # float64 quotients of small exact integers: correctly rounded, ≤ 1 ulp; rel 1e-15 ≈ 4 ulps
     assert default_dual_lr(10, 5) == pytest.approx(8e-3, rel=1e-15)
     assert default_dual_lr(1000, 50) == pytest.approx(8e-6, rel=1e-15)
     assert default_dual_lr(4, 6) == default_dual_lr(4, 4) == pytest.approx(0.04, rel=1e-15)

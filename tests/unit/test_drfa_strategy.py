@@ -110,6 +110,8 @@ def test_strategy_lambda_step_is_unbiased_over_rounds():
     steps = np.diff(np.stack(lams), axis=0) / (tau * gamma)
     target = losses - losses.mean()
     se = steps.std(axis=0, ddof=1) / np.sqrt(rounds)
+    # CLT over 600 rounds: each mean within 5 standard errors of E[v] − mean (probability of failure
+    # < 1e-6 per entry)
     assert np.all(np.abs(steps.mean(axis=0) - target) < 5 * se)
     # and each single step equals the hand-built v of that round's U
     for s, rec in enumerate(strategy.history[:20]):
@@ -143,6 +145,8 @@ def test_lambda_on_simplex_every_round_and_logged_by_partition():
     for r in st.history:
         lam = np.array(list(r["lambda"].values()))
         assert sorted(r["lambda"]) == [str(i) for i in range(6)]
+        # λ is float64 on the simplex: sum within n·eps of 1 (1e-9 is ample); entropy of the same λ:
+        # default approx
         assert lam.min() >= 0 and lam.sum() == pytest.approx(1.0, abs=1e-9)
         assert r["lambda_entropy"] == pytest.approx(lambda_entropy(lam))
 
@@ -154,6 +158,7 @@ def test_lambda_floor_and_dual_lr_decay_in_the_loop():
     _run(st, grid, 6)
     for k, r in enumerate(st.history):
         assert min(r["lambda"].values()) >= 0.05 - 1e-12
+        # float64 floor projection: floor and sum kept up to n·eps; 2·0.5^k is exact in binary
         assert sum(r["lambda"].values()) == pytest.approx(1.0, abs=1e-12)
         assert r["dual_lr"] == pytest.approx(2.0 * 0.5**k)
 
@@ -200,6 +205,7 @@ def test_every_train_reply_failing_keeps_model_and_skips_dual_step():
     res = _run(st, grid, 2)
     np.testing.assert_array_equal(_w(res.arrays), np.zeros(DIM))
     assert all(r["dual_step"].startswith("skipped") for r in st.history)
+    # 1/3 from float64 normalisation: ≤ 1 ulp; default approx (rel 1e-6) is ample
     assert all(v == pytest.approx(1 / 3) for v in st.history[-1]["lambda"].values())
 
 
@@ -244,6 +250,7 @@ def test_new_partition_joining_extends_lambda():
     _run(st, grid, 3)
     assert sorted(st.history[0]["lambda"]) == ["0", "1", "2"]
     assert sorted(st.history[-1]["lambda"]) == ["0", "1", "2", "3"]
+    # λ is float64 on the simplex: the sum is within n·eps of 1; default approx (rel 1e-6) is ample
     assert sum(st.history[-1]["lambda"].values()) == pytest.approx(1.0)
 
 
@@ -274,6 +281,7 @@ def test_loss_query_receives_the_snapshot_average_and_lambda_follows_its_losses(
                 v[i] += app.loss(i, w) * n / len(queried)
             return lam + tau * gamma * (v - v.mean())
 
+        # the same float64 update on O(1) numbers: differs by at most a few ulps (≈1e-16)
         np.testing.assert_allclose(_lam(rec, n), lam_after(w_snap), rtol=0, atol=1e-15)
         for wrong in (w_bar, w_next):  # the test has teeth: the other models give another λ
             assert np.abs(lam_after(wrong) - lam_after(w_snap)).max() > 1e-7
@@ -324,6 +332,7 @@ def test_default_dual_lr_is_scaled_by_m_over_n_squared_and_a_given_one_is_kept()
         _, grid, _ = _fake(20)
         st = DRFA(seed=0, fraction_evaluate=0.0, **kwargs)
         _run(st, grid, 1)
+        # γ from a float64 formula of exact inputs: ≤ 1 ulp; rel 1e-15 ≈ 4 ulps
         assert st.history[0]["dual_lr"] == pytest.approx(gamma, rel=1e-15), kwargs
 
 

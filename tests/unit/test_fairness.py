@@ -9,6 +9,7 @@ from flowerdro.core.fairness import summarize, tail_mean
 def test_summary_hand_worked_ten_clients():
     acc = [0.9, 0.1, 0.5, 0.7, 0.3, 0.8, 0.2, 0.6, 0.4, 1.0]
     s = summarize(acc)
+    # float64 mean/min of ten decimals: ≤ a few ulps; default approx (rel 1e-6) is ample
     assert s["mean"] == pytest.approx(0.55)
     assert s["worst"] == pytest.approx(0.1)
     assert s["worst10"] == pytest.approx(0.1)          # ceil(0.1*10) = 1 client
@@ -43,5 +44,6 @@ def test_bad_fraction():
 def test_moving_average_by_hand():
     from flowerdro.plots import _moving_average
 
+    # averages of small integers are exact in float64; default rtol 1e-7 is ample
     np.testing.assert_allclose(_moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0])
     np.testing.assert_array_equal(_moving_average(np.array([1.0, 2.0]), 1), [1.0, 2.0])

@@ -99,6 +99,8 @@ def test_three_orthogonal_replies_uniform_and_vanilla_mgda():
     v = _strategy(eps=None, normalize=False, global_lr=1.0)
     arrays, _ = v.aggregate_train(1, replies)
     lam = np.array([16.0, 4.0, 1.0]) / 21
+    # the QP's exact face solve leaves only float64 rounding (≈1e-16·cond) on O(1) values; 1e-12
+    # leaves margin
     np.testing.assert_allclose([v.round_extras()["lambda"][str(i)] for i in range(3)], lam, atol=1e-12)
     np.testing.assert_allclose(_flat(arrays), _flat(GLOBAL) - np.array([16, 8, 4, 0]) / 21, atol=1e-12)
     # with η = 1 the vanilla step is the λ-weighted average of the local models
@@ -116,6 +118,7 @@ def test_eps_zero_is_fedavg_on_normalised_updates_with_lambda0():
         s = _strategy(eps=0.0, lambda_init=lambda_init, global_lr=0.7)
         arrays, _ = s.aggregate_train(1, replies)
         d = sum(l * g / np.linalg.norm(g) for l, g in zip(lam0, gs, strict=True))
+        # ε = 0 pins λ = λ0 (≤ 1 ulp); the step is a float64 sum of 3 unit vectors, rounding ≈ 1e-16
         np.testing.assert_allclose(_flat(arrays), _flat(GLOBAL) - 0.7 * d, atol=1e-12)
         np.testing.assert_allclose([s.round_extras()["lambda"][str(i)] for i in range(3)], lam0, atol=1e-15)
     # the registered "fedavg-n" is exactly this (data-size λ₀ by default)
@@ -123,6 +126,7 @@ def test_eps_zero_is_fedavg_on_normalised_updates_with_lambda0():
     fn.current_arrays = GLOBAL
     arrays, _ = fn.aggregate_train(1, replies)
     d = sum(n / 100 * g / np.linalg.norm(g) for n, g in zip(sizes, gs, strict=True))
+    # float64 sum of 3 weighted unit vectors: rounding ≈ 1e-16; 1e-12 leaves margin
     np.testing.assert_allclose(_flat(arrays), _flat(GLOBAL) - 0.7 * d, atol=1e-12)
 
 
@@ -169,6 +173,7 @@ def test_scaled_update_leaves_fedmgda_unchanged_but_moves_fedavg():
     s = _strategy(eps=0.3)
     honest, _ = s.aggregate_train(1, replies(1.0))
     attacked, _ = s.aggregate_train(1, replies(50.0))
+    # normalising g and 50·g gives the same unit vector up to a few float64 ulps
     np.testing.assert_allclose(_flat(attacked), _flat(honest), atol=1e-12)
     fa = FedAvgBaseline()
     honest_avg, _ = fa.aggregate_train(1, replies(1.0))

@@ -148,6 +148,7 @@ def test_stream_of_zero_updates_gives_lambda0_and_no_nan():
     for _ in range(3):
         s.add([[a.copy() for a in w]])
     step = s.finish(eps=0.2, global_lr=1.0, center=np.array([0.2, 0.3, 0.5]))
+    # equal rows make the QP flat: the solver returns the center up to float64 rounding (≈1e-16)
     np.testing.assert_allclose(step.lam, [0.2, 0.3, 0.5], atol=1e-12)
     np.testing.assert_array_equal(_flat(step.arrays), _flat(w))
     assert step.direction_norm == 0.0 and np.all(step.norms == 0.0)
@@ -313,11 +314,14 @@ def test_fedmgda_streamed_round_on_scripted_grid_equals_batch_aggregation():
     b = FedMGDA(eps=0.5, global_lr=0.4)
     b.current_arrays = arrays
     ref, _ = b.aggregate_train(1, replies)
+    # streamed and in-memory steps: float64 on O(1) values, a few ulps apart at most (1e-15 ≈ 4 ulps
+    # of 1)
     np.testing.assert_allclose(new["w"].numpy(), ref["w"].numpy(), atol=1e-15)
     # and by hand: ĝ_i = g_i/‖g_i‖, λ from the exact QP
     X = np.stack([np.array([0.0, 0.0, 1.0]) - n for n in (2.0, 1.0, 4.0)])
     U = X / np.linalg.norm(X, axis=1, keepdims=True)
     lam = min_norm_weights(U @ U.T, eps=0.5)
+    # a 3-client QP and step in float64 on O(1) values: rounding ≈ 1e-16·cond; 1e-12 leaves margin
     np.testing.assert_allclose(new["w"].numpy(), [0.0, 0.0, 1.0] - 0.4 * lam @ U, atol=1e-12)
     assert metrics["lambda_max"] == pytest.approx(lam.max(), abs=1e-12)
 

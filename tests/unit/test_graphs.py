@@ -66,9 +66,12 @@ def test_topologies_give_doubly_stochastic_w_with_rho_below_one(topology, K, kw)
     assert sorted(graph.nodes) == list(range(K))
     assert W.shape == (K, K)
     np.testing.assert_allclose(W, W.T, atol=0)
+    # float64 sums of ≤ 40 Metropolis weights ≤ 1: within K·eps ≈ 1e-14 of 1; 1e-12 leaves margin
     np.testing.assert_allclose(W.sum(axis=1), np.ones(K), atol=1e-12)
     np.testing.assert_allclose(W.sum(axis=0), np.ones(K), atol=1e-12)
     assert np.all(W >= 0)
+    # each entry one float64 division (the diagonal 1 − Σ in the same order): ≤ a few ulps of values
+    # ≤ 1
     np.testing.assert_allclose(W, _independent_metropolis(graph), atol=1e-15)
     # support of W = edges + diagonal
     A = nx.to_numpy_array(graph, nodelist=range(K)) > 0
@@ -101,6 +104,7 @@ def test_metropolis_path_of_three_by_hand():
             [0.0, 1 / 3, 2 / 3],
         ]
     )
+    # hand fractions vs float64 divisions and 1 − Σ: a few ulps of values ≤ 1 (1.1e-16 each)
     np.testing.assert_allclose(W, expected, atol=1e-15)
     # eigenvalues of this W are 1, 2/3, 0 -> rho = (2/3)^2
     assert spectral_gap_rho(W) == pytest.approx(4 / 9, abs=1e-12)
@@ -117,6 +121,7 @@ def test_metropolis_star_by_hand():
             [1 / 4, 0.0, 0.0, 3 / 4],
         ]
     )
+    # hand fractions vs float64 divisions and 1 − Σ: a few ulps of values ≤ 1 (1.1e-16 each)
     np.testing.assert_allclose(W, expected, atol=1e-15)
     # eigenvalues: 1, 3/4 (twice), 0 -> rho = 9/16
     assert spectral_gap_rho(W) == pytest.approx(9 / 16, abs=1e-12)
@@ -126,6 +131,7 @@ def test_metropolis_single_node_and_self_loops_ignored():
     np.testing.assert_array_equal(metropolis_weights(nx.empty_graph(1)), [[1.0]])
     g = nx.path_graph(3)
     g.add_edge(1, 1)
+    # the self-loop is ignored: the same float64 arithmetic; default rtol 1e-7 is ample
     np.testing.assert_allclose(metropolis_weights(g), metropolis_weights(nx.path_graph(3)))
 
 
@@ -143,12 +149,14 @@ def test_metropolis_rejects_bad_labels_and_directed():
 def test_complete_graph_w_is_exact_average_and_rho_zero():
     K = 6
     W = metropolis_weights(make_graph("complete", K))
+    # 1/K by one division (few ulps); eigenvalues of a 6×6 float64 matrix of norm 1: ≈ K·eps ≈ 1e-15
     np.testing.assert_allclose(W, np.full((K, K), 1 / K), atol=1e-15)
     assert spectral_gap_rho(W) == pytest.approx(0.0, abs=1e-14)
 
 
 def test_disconnected_w_has_rho_one():
     g = nx.Graph([(0, 1), (2, 3)])
+    # ρ is 1 exactly; the float64 eigen-solver error is ≈ K·eps ≪ 1e-12
     assert spectral_gap_rho(metropolis_weights(g)) == pytest.approx(1.0, abs=1e-12)
 
 
@@ -170,6 +178,7 @@ def test_erdos_renyi_edge_density_close_to_p():
     g = make_graph("erdos_renyi", K, p=p, seed=11)
     n_pairs = K * (K - 1) / 2
     mean, std = p * n_pairs, math.sqrt(n_pairs * p * (1 - p))
+    # fixed seed; a 5σ binomial bound (a failure under another seed has probability < 1e-6)
     assert abs(g.number_of_edges() - mean) < 5 * std
 
 
@@ -296,6 +305,7 @@ def test_rho_of_stack_is_norm_of_mean_gram():
     )
     mean_gram = sum(W.T @ W for W in Ws) / 5
     expected = float(np.max(np.abs(np.linalg.eigvalsh(mean_gram - np.full((8, 8), 1 / 8)))))
+    # two float64 eigen-solves of the same 8×8 matrix of norm ≤ 1: ≈ K·eps ≪ 1e-12
     assert spectral_gap_rho(Ws) == pytest.approx(expected, abs=1e-12)
 
 
@@ -341,6 +351,7 @@ def test_mix_preserves_sum(topology, K, kw):
     W = metropolis_weights(make_graph(topology, K, **kw))
     theta = rng.normal(size=(K, 7))
     mixed = mix(theta, W)
+    # W doubly stochastic preserves column sums; K-term float64 sums of O(1) values: ≈ K·eps ≪ 1e-12
     np.testing.assert_allclose(mixed.sum(axis=0), theta.sum(axis=0), atol=1e-12)
 
 
@@ -355,6 +366,8 @@ def test_mix_complete_graph_is_exact_average_layered():
     assert len(out) == K
     for node in out:
         assert len(node) == 2
+        # each node gets the float64 mean of K = 5 rows: ≈ K·eps ≈ 1e-15; squared row differences ≪
+        # 1e-25
         np.testing.assert_allclose(node[0], avg0, atol=1e-14)
         np.testing.assert_allclose(node[1], avg1, atol=1e-14)
     assert consensus_distance(out) == pytest.approx(0.0, abs=1e-25)

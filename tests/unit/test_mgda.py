@@ -40,6 +40,8 @@ def _cvxpy_reference(G: np.ndarray, eps: float | None, center: np.ndarray | None
     lam = cp.Variable(m)
     cons = [cp.sum(lam) == 1, lam >= lo, lam <= hi]
     prob = cp.Problem(cp.Minimize(cp.quad_form(lam, cp.psd_wrap(G))), cons)
+    # reference solves pushed near float64 limits, orders of magnitude tighter than the contract
+    # REL/ABS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prob.solve(solver="OSQP", eps_abs=1e-12, eps_rel=1e-12, polish=True, max_iter=200_000)
@@ -47,6 +49,7 @@ def _cvxpy_reference(G: np.ndarray, eps: float | None, center: np.ndarray | None
         polished = getattr(prob.solver_stats.extra_stats.info, "status_polish", 0) == 1
         if polished:
             return np.asarray(lam.value), True
+    # fallback: Clarabel at gaps of 1e-10, still two orders tighter than REL/ABS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
@@ -208,6 +211,8 @@ def test_origin_in_hull_gives_zero(eps):
     V = np.concatenate([half, -half])
     G = V @ V.T
     lam = _check_solution(G, eps, None)
+    # exact face solve: f = ‖λᵀV‖² is rounding-level (≈ eps·m·max G_ii ≈ 1e-14), so ‖λᵀV‖ ≤ √1e-14 =
+    # 1e-7
     assert float(lam @ G @ lam) <= 1e-14
     assert np.max(np.abs(lam @ V)) <= 1e-7
 
@@ -250,6 +255,7 @@ def test_random_instances_certified_by_frank_wolfe_gap():
         m = G.shape[0]
         _, lo, hi = _bounds(m, eps, center)
         lam = min_norm_weights(G, eps, center)
+        # float64 sum of m entries: within m·eps of 1
         assert abs(lam.sum() - 1.0) <= 1e-12, seed
         assert np.all(lam >= lo - 1e-12) and np.all(lam <= hi + 1e-12), seed
         scale = max(1.0, float(np.max(np.diag(G))))
@@ -262,6 +268,8 @@ def test_opposite_gradients_reach_zero():
     g = np.array([[1.0, 2.0, -0.5]])
     V = np.concatenate([g, -g, 2 * g])
     lam = min_norm_weights(V @ V.T)
+    # origin in the hull of a rank-one G of O(1) entries: f and λᵀV are 0 up to float64 rounding
+    # (≈1e-16)
     assert abs(lam @ (V @ V.T) @ lam) <= 1e-12
     assert np.allclose(lam @ V, 0.0, atol=1e-12)
 
@@ -295,6 +303,7 @@ def test_eps_zero_returns_center_and_zero_gram_is_feasible():
     G = _make_gram("random_psd", 5, rng)
     np.testing.assert_array_equal(min_norm_weights(G, eps=0.0, center=c), c / c.sum())
     lam = min_norm_weights(np.zeros((5, 5)), eps=0.2, center=c)
+    # float64 sum of 5 entries: within 5·eps of 1
     assert abs(lam.sum() - 1) <= 1e-12 and np.all(lam >= 0)
 
 
@@ -335,6 +344,7 @@ def test_fedmgda_lr():
     beta = 0.1 ** (100 / 1000)
     assert fedmgda_lr(0, 1000, 0.1) == 1.0
     assert fedmgda_lr(99, 1000, 0.1) == 1.0
+    # β^(t/T) by float64 power here and in the code: a few ulps; default approx (rel 1e-6) is ample
     assert fedmgda_lr(100, 1000, 0.1, base_lr=2.0) == pytest.approx(2.0 * beta)
     assert fedmgda_lr(1000, 1000, 0.1) == pytest.approx(0.1)
     assert fedmgda_lr(550, 1000, 1.0) == 1.0
@@ -455,6 +465,7 @@ def test_tight_box_with_opposite_and_duplicated_updates():
             center[rng.integers(0, m, max(1, m // 4))] = 0.0
             center /= center.sum()
     G = V @ V.T
+    # 5/72 by one float64 division: ≤ 1 ulp; default approx is ample
     assert G.shape == (72, 72) and eps == pytest.approx(5.0 / 72)
     lam = _check_solution(G, eps, center)
     assert lam @ G @ lam <= ABS

@@ -16,7 +16,11 @@ from flowerdro.core.simplex import (
 from flowerdro.experiments.references import solve_tightly
 
 N_RANDOM = 25
-SOL_ATOL = 1e-6  # cvxpy is an interior-point approximation
+# cvxpy is solved to gaps of 1e-12 where it can reach them: an interior-point solution of a
+# strongly convex problem is accurate to about √gap ≈ 1e-6, its objective to about the gap
+# (OBJ_RTOL 1e-7 leaves margin); our own iterates are float64 and meet the constraints to
+# n·eps ≈ 1e-14, far inside CON_ATOL.
+SOL_ATOL = 1e-6
 OBJ_RTOL = 1e-7
 CON_ATOL = 1e-9
 
@@ -81,6 +85,8 @@ def test_project_simplex_kkt_single_threshold() -> None:
         v = rng.normal(size=int(rng.integers(2, 50)))
         p = project_simplex(v)
         theta = v[p > 0] - p[p > 0]
+        # θ = v_i − p_i is the same shift up to float64 rounding of values |v| ≲ 4: a few ulps ≪
+        # 1e-12
         assert np.ptp(theta) <= 1e-12
         assert np.all(v[p == 0] <= theta[0] + 1e-12)
 
@@ -102,6 +108,7 @@ def test_project_simplex_kkt_single_threshold() -> None:
     ],
 )
 def test_project_simplex_hand_examples(v, expected) -> None:
+    # short decimals vs float64 arithmetic on values ≤ 1: ≤ a few ulps (1.1e-16)
     np.testing.assert_allclose(project_simplex(v), expected, atol=1e-15)
 
 
@@ -110,6 +117,8 @@ def test_project_simplex_fixed_point_and_shift_invariance() -> None:
     for k in range(N_RANDOM):
         n = int(rng.integers(1, 30))
         lam = rng.dirichlet(np.full(n, 0.3 if k % 2 else 2.0))
+        # on the simplex already: unchanged up to 1 ulp; +123 adds rounding 123·eps ≈ 3e-14 per
+        # entry, so 1e-12
         np.testing.assert_allclose(project_simplex(lam), lam, atol=1e-15)
         v = rng.normal(size=n)
         np.testing.assert_allclose(project_simplex(v + 123.0), project_simplex(v), atol=1e-12)
@@ -160,6 +169,8 @@ def test_project_simplex_box_defaults_equal_simplex() -> None:
     rng = np.random.default_rng(4)
     for _ in range(N_RANDOM):
         v = rng.normal(size=int(rng.integers(1, 40))) * 3
+        # two exact algorithms in float64 on |v| ≲ 10, n ≤ 40: sorting/threshold rounding ≈ n·10·eps
+        # ≈ 1e-13
         np.testing.assert_allclose(project_simplex_box(v), project_simplex(v), atol=1e-13)
 
 
@@ -265,6 +276,7 @@ def _floor_by_iteration(lam: np.ndarray, floor: float, iters: int = 20_000) -> n
     for _ in range(iters):
         q = np.maximum(p, floor)
         q /= q.sum()
+        # stop once nothing moves at float64 resolution of entries ≲ 0.1 (ulp ≈ 1.4e-17)
         if np.max(np.abs(q - p)) < 1e-17:
             break
         p = q
@@ -289,6 +301,9 @@ def test_floor_simplex_matches_independent_solutions() -> None:
         if above.sum() > 1:
             ratio = p[above] / lam[above]
             assert np.ptp(ratio) <= 1e-9 * ratio.max()
+        # brentq to xtol 1e-16 gives the exact scaling to float64 accuracy (1e-12 leaves margin);
+        # the
+        # fixed-point iteration converges linearly and stops at its iteration cap, hence 1e-10
         np.testing.assert_allclose(p, _floor_by_root_find(lam, floor), atol=1e-12)
         np.testing.assert_allclose(p, _floor_by_iteration(lam, floor), atol=1e-10)
 
@@ -311,6 +326,8 @@ def test_floor_simplex_limits() -> None:
     for _ in range(N_RANDOM):
         n = int(rng.integers(1, 20))
         lam = rng.dirichlet(np.ones(n))
+        # floor 0: unchanged up to 1 ulp of values ≤ 1; floor 1/n: uniform up to a few ulps, inside
+        # default rtol 1e-7
         np.testing.assert_allclose(floor_simplex(lam, 0.0), lam, atol=1e-15)
         np.testing.assert_allclose(floor_simplex(lam, 1.0 / n), np.full(n, 1.0 / n))
         # Unnormalised input gives the same answer.

@@ -46,9 +46,11 @@ ABOVE_CAP = [(loss, mu) for loss in LOSSES for mu in MUS if (loss, mu) not in BE
 @pytest.mark.parametrize(("loss", "mu"), BELOW_CAP)
 def test_tilt_step_scale_matches_direct_formula_below_cap(loss, mu):
     direct = _direct(loss, mu)
+    # float64 exp(x) with x = ℓ/μ rounded: relative error ≈ |x|·eps ≤ 600·2.2e-16 ≈ 1.3e-13 < 1e-12
     assert tilt_step_scale(loss, mu) == pytest.approx(direct, rel=1e-12, abs=0.0)
     assert not tilt_step(loss, mu).capped
     if direct > 0:
+        # its log then has absolute error ≈ 1.3e-13 < 1e-12
         assert log_tilt_weight(loss, mu) == pytest.approx(math.log(direct), rel=1e-12, abs=1e-12)
 
 
@@ -56,6 +58,7 @@ def test_tilt_step_scale_matches_direct_formula_below_cap(loss, mu):
 def test_tilt_step_scale_is_cap_where_direct_is_too_large(loss, mu):
     step = tilt_step(loss, mu)
     assert step.capped and step.scale == math.exp(DEFAULT_LOG_CAP)
+    # the same float64 expression ℓ/μ − log μ: ≤ a few ulps; rel 1e-15
     assert step.log_weight == pytest.approx(loss / mu - math.log(mu), rel=1e-15)
 
 
@@ -78,6 +81,7 @@ def test_huge_loss_stays_finite_and_is_capped(loss, mu):
     step = tilt_step(loss, mu)
     assert isinstance(step, TiltScale)
     assert math.isfinite(step.scale)
+    # exp(cap) of the same float64 cap: ≤ 1 ulp; log-weight as above
     assert step.scale == pytest.approx(math.exp(DEFAULT_LOG_CAP), rel=1e-15)
     assert step.capped
     assert step.log_weight == pytest.approx(loss / mu - math.log(mu), rel=1e-15)
@@ -92,6 +96,7 @@ def test_log_weight_ten_thousand():
 
 def test_custom_cap_and_not_capped_flag():
     step = tilt_step(3.0, 1.0, log_cap=2.0)
+    # exp(2) and e in float64: ≤ 1 ulp; default approx (rel 1e-6) is ample
     assert step == TiltScale(scale=pytest.approx(math.exp(2.0)), log_weight=3.0, capped=True)
     step = tilt_step(1.0, 1.0, log_cap=2.0)
     assert step.scale == pytest.approx(math.e) and not step.capped
@@ -111,6 +116,7 @@ def test_scale_is_monotone_in_loss():
 
 
 def test_accepts_numpy_scalars():
+    # float32 loss input: the result may carry float32 rounding, u ≈ 6e-8 relative, hence rel 1e-7
     assert tilt_step_scale(np.float32(1.5), np.float64(2.0)) == pytest.approx(
         math.exp(0.75) / 2.0, rel=1e-7
     )  # 1.5 is exact in float32 and the arithmetic is float64: a few ulps ≈ 1e-15 are expected
@@ -159,6 +165,7 @@ def test_max_tilt_weight_is_min_of_direct_formula_and_cap(loss, mu, max_weight):
 
 def test_max_tilt_weight_below_one_is_a_negative_log_cap():
     assert log_cap_from_max_weight(1.0) == 0.0
+    # float64 log of exact inputs: ≤ 1 ulp (rel 1e-15); the cap 0.25 = exp(−log 4): a few ulps
     assert log_cap_from_max_weight(0.25) == pytest.approx(-math.log(4.0), rel=1e-15)
     assert tilt_step_scale(100.0, 1.0, log_cap=log_cap_from_max_weight(0.25)) == pytest.approx(0.25)
 
@@ -177,6 +184,8 @@ def test_relative_weights_match_scipy_softmax(mu):
     rng = np.random.default_rng(0)
     losses = rng.uniform(0.0, 5.0, size=17)
     p = relative_tilt_weights(losses, mu)
+    # float64 softmax two ways, |ℓ/μ| ≤ 500: relative error ≈ 500·eps ≈ 1e-13 < 1e-12; atol 1e-300
+    # only admits underflow
     np.testing.assert_allclose(p, softmax(losses / mu), rtol=1e-12, atol=1e-300)
     assert p.dtype == np.float64
     assert p.sum() == pytest.approx(1.0, abs=1e-12)
@@ -186,6 +195,7 @@ def test_relative_weights_match_scipy_softmax(mu):
 def test_relative_weights_huge_losses_and_ratio_to_log_weights():
     losses = np.array([1e4, 1e4 + 1.0, 1e4 - 2.0])
     p = relative_tilt_weights(losses, 1.0)
+    # 1e4 + k is exact in float64, so the shifted arguments are [0, 1, −2]: softmax to a few ulps
     np.testing.assert_allclose(p, softmax([0.0, 1.0, -2.0]), rtol=1e-12)
     # uncapped log-weights preserve the relative weighting even though every scale is capped
     steps = [tilt_step(x, 1.0) for x in losses]
@@ -197,6 +207,8 @@ def test_relative_weights_huge_losses_and_ratio_to_log_weights():
 
 def test_relative_weights_limits():
     losses = [0.2, 1.0, 0.7]
+    # μ = 1e8: the weights differ from 1/3 by ≈ |ℓ − ℓ̄|/(3μ) ≈ 1.3e-9 < 1e-8;
+    # μ = 1e-4: the other weights are exp(−3000) = 0 in float64, so only rounding of the 1 remains
     np.testing.assert_allclose(relative_tilt_weights(losses, 1e8), np.full(3, 1 / 3), atol=1e-8)
     np.testing.assert_allclose(relative_tilt_weights(losses, 1e-4), [0.0, 1.0, 0.0], atol=1e-12)
     np.testing.assert_array_equal(relative_tilt_weights([3.0], 1.0), [1.0])
@@ -215,6 +227,7 @@ def test_tilted_risk_matches_direct_and_bounds():
     f = rng.uniform(0.0, 3.0, size=9)
     for mu in (0.2, 1.0, 5.0):
         direct = mu * math.log(float(np.mean(np.exp(f / mu))))
+        # float64 log-mean-exp of f/μ ≤ 15: relative rounding ≈ 15·eps ≪ 1e-12
         assert tilted_risk(f, mu) == pytest.approx(direct, rel=1e-12)
         assert f.mean() - 1e-12 <= tilted_risk(f, mu) <= f.max() + 1e-12
     # huge losses: R = 1e4 + log((1 + e) / 2) with μ = 1, no overflow
