@@ -34,7 +34,13 @@ from flowerdro.protocol import NUM_EXAMPLES, TrainingSettings
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays  # noqa: F401
 from flowerdro.strategies.checkpoint import ServerState
-from flowerdro.strategies.messaging import Communicator, Failure, metrics_of, missing_route_hint
+from flowerdro.strategies.messaging import (
+    Communicator,
+    Failure,
+    failed_rounds_reason,
+    metrics_of,
+    missing_route_hint,
+)
 from flowerdro.strategies.records import (
     ClientResults,
     mean_of_metric_records,
@@ -345,7 +351,7 @@ class FairStrategy(ServerState, Strategy):
             log(INFO, round_line(record, num_rounds))
             self._notify("on_round", record)
             if failed_in_row >= self.loop.max_failed_rounds:
-                reason = self.comm.failed_rounds_reason(self._round, failed_in_row)
+                reason = failed_rounds_reason(self.failures, self._round, failed_in_row)
                 hint = missing_route_hint(reason)
                 raise RunFailedError(
                     f"[{self.run_name}] no valid training reply in {failed_in_row} rounds in a row "

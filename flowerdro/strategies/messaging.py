@@ -341,17 +341,6 @@ class Communicator:
         fails = [f for f in self.failures_of_round() if f.phase != "evaluate"]
         return bool(fails) and self.valid_replies.get("train", 0) == 0
 
-    def failed_rounds_reason(self, server_round: int, rounds: int) -> str:
-        """The most frequent reason of the non-evaluation drops of the last ``rounds`` rounds."""
-        fails = [f for f in self.failures if f.phase != "evaluate" and f.round > server_round - rounds]
-        return self.most_frequent_reason(fails) or "unknown"
-
-    def most_frequent_reason(self, failures: Sequence[Failure]) -> str | None:
-        """The reason given most often among ``failures`` (None when there are none)."""
-        if not failures:
-            return None
-        return Counter(f.reason for f in failures).most_common(1)[0][0]
-
     # ------------------------------------------------------------------ who is connected
     def roster(self, grid: Grid, min_nodes: int, wait_timeout: float) -> list[int]:
         """Connected node ids in partition order; waits up to ``wait_timeout`` s for ``min_nodes``.
@@ -396,3 +385,16 @@ class Communicator:
             metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
             if metrics is not None and PARTITION_ID in metrics:
                 self.learn(int(reply.metadata.src_node_id), int(metrics[PARTITION_ID]))
+
+
+def most_frequent_reason(failures: Sequence[Failure]) -> str | None:
+    """The reason given most often among ``failures`` (None when there are none)."""
+    if not failures:
+        return None
+    return Counter(f.reason for f in failures).most_common(1)[0][0]
+
+
+def failed_rounds_reason(failures: Sequence[Failure], server_round: int, rounds: int) -> str:
+    """The most frequent reason of the non-evaluation drops of the last ``rounds`` rounds."""
+    fails = [f for f in failures if f.phase != "evaluate" and f.round > server_round - rounds]
+    return most_frequent_reason(fails) or "unknown"
