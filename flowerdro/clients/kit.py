@@ -378,8 +378,6 @@ class ClientKit:
         """The function that answers ``message_type`` with the user's pieces."""
         if message_type not in ROUTES:
             raise ValueError(f"message_type: unknown {message_type!r}; allowed: {', '.join(ROUTES)}")
-        custom_loss_drdsgd = message_type in ("train.drdsgd", "train.dsgd") and not _is_plain_cross_entropy(
-            self.loss_fn)
         inner: Callable[[Message, Context], Message]
         if message_type == "evaluate":
             inner = self._evaluate
@@ -389,8 +387,6 @@ class ClientKit:
             inner = ROUTES[message_type]
 
         def handler(message: Message, context: Context) -> Message:
-            if custom_loss_drdsgd:
-                _check_drdsgd_takes_the_loss()
             token = handlers.RUNTIME_PROVIDER.set(self.runtime)
             try:
                 return inner(message, context)
@@ -479,17 +475,6 @@ class ClientKit:
             if self.task == "classification" and acc is not None:
                 values[self.accuracy_metric] = float(acc)
         return Message(content=RecordDict({"metrics": MetricRecord(values)}), reply_to=message)  # type: ignore[arg-type]
-
-
-def _check_drdsgd_takes_the_loss() -> None:
-    """Refuse a custom loss where the DR-DSGD client step cannot use it (it would train on cross-entropy)."""
-    import inspect
-
-    from flowerdro.clients.drdsgd import drdsgd_local_step
-
-    if "loss_fn" not in inspect.signature(drdsgd_local_step).parameters:
-        raise ValueError("loss_fn: the DR-DSGD/DSGD client step of this flowerdro version minimises cross-entropy "
-                         "only; pass torch.nn.CrossEntropyLoss() (or F.cross_entropy) to serve drdsgd/dsgd")
 
 
 def _epochs(message: Message, context: Context) -> float:
