@@ -31,23 +31,31 @@ def _project(folder: str, package: str) -> tuple[dict, object, object]:
     return dict(config), client, server
 
 
-def _run_message_api(name: str, rounds: int = 2):
-    config, client, server = _project("message-api", "msgexample")
+def _run_example(project: str, package: str, entry: str, built_by: str, name: str, rounds: int):
+    """Run ``server.<entry>`` of an example on an in-process grid; returns the object ``server.<built_by>`` built."""
+    from types import SimpleNamespace
+
+    config, client, server = _project(project, package)
     rc = {**config, "strategy": name, "num-server-rounds": rounds}
     grid = InProcessGrid(client.app, 4, rc)
+    grid.set_run(SimpleNamespace(run_id=1))
     built = []
-    original = server.build_strategy
+    original = getattr(server, built_by)
 
     def spy(*args, **kwargs):
         built.append(original(*args, **kwargs))
         return built[-1]
 
-    server.build_strategy = spy
+    setattr(server, built_by, spy)
     try:
-        server.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+        getattr(server, entry)(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     finally:
-        server.build_strategy = original
+        setattr(server, built_by, original)
     return built[0]
+
+
+def _run_message_api(name: str, rounds: int = 2):
+    return _run_example("message-api", "msgexample", "main", "build_strategy", name, rounds)
 
 
 @pytest.mark.parametrize("name", strategy_names())
@@ -59,25 +67,7 @@ def test_every_strategy_runs_through_the_message_api_example(name):
 
 
 def _run_legacy(name: str, rounds: int = 2):
-    from types import SimpleNamespace
-
-    config, client, server = _project("legacy-api", "legacyexample")
-    rc = {**config, "strategy": name, "num-server-rounds": rounds}
-    grid = InProcessGrid(client.app, 4, rc)
-    grid.set_run(SimpleNamespace(run_id=1))
-    built = []
-    original = server.LegacyStrategy
-
-    def spy(*args, **kwargs):
-        built.append(original(*args, **kwargs))
-        return built[-1]
-
-    server.LegacyStrategy = spy
-    try:
-        server.app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
-    finally:
-        server.LegacyStrategy = original
-    return built[0]
+    return _run_example("legacy-api", "legacyexample", "app", "LegacyStrategy", name, rounds)
 
 
 @pytest.mark.parametrize("name", strategy_names())
