@@ -164,6 +164,31 @@ class InProcessGrid(LocalGrid):
         self._run: Any = None
         ensure_task_identity()
 
+    # -- nodes that die and restart (tests of a SuperNode restart) -----------------------
+    def disconnect(self, partition: int) -> int:
+        """The node serving ``partition`` leaves the grid (a SuperNode that died); returns its id."""
+        nid = next(n for n in self.node_ids if self.partition_of_node[n] == partition)
+        self.node_ids = [n for n in self.node_ids if n != nid]
+        return nid
+
+    def reconnect(self, partition: int, new_id: int, *, keep_state: bool) -> None:
+        """A node with id ``new_id`` serves ``partition`` (a restarted SuperNode).
+
+        Its Context keeps the old node's ``state`` when ``keep_state`` (a node-local store),
+        else it starts empty; it takes the old node's place in :attr:`node_ids`, or rejoins at
+        its partition's position when the old node had left; the old node answers no more.
+        """
+        old = next(n for n, p in self.partition_of_node.items() if p == partition and n in self.contexts)
+        ctx = self.contexts.pop(old)  # the old node is gone for good
+        self.contexts[new_id] = Context(run_id=ctx.run_id, node_id=new_id, node_config=ctx.node_config,
+                                        state=ctx.state if keep_state else RecordDict(),
+                                        run_config=ctx.run_config)
+        self.partition_of_node[new_id] = partition
+        if old in self.node_ids:
+            self.node_ids = [new_id if n == old else n for n in self.node_ids]
+        else:
+            self.node_ids = sorted([*self.node_ids, new_id], key=lambda n: self.partition_of_node[n])
+
     # -- simulated clock -------------------------------------------------------------------
     def clock(self) -> float:
         """Seconds on the grid's clock: ``time.monotonic()`` plus the simulated :attr:`skew`."""

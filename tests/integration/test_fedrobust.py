@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.core.affine import shift_norms
@@ -127,11 +127,7 @@ class _RestartGrid(InProcessGrid):
 
     def on_round(self, rnd: int) -> None:
         if rnd == self.at:
-            ctx = self.contexts.pop(self.old_id)
-            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
-                                                 state=RecordDict(), run_config=ctx.run_config)
-            self.partition_of_node[self.new_id] = self.restart
-            self.node_ids = [self.new_id if n == self.old_id else n for n in self.node_ids]
+            self.reconnect(self.restart, self.new_id, keep_state=False)
 
 
 def _restart_run(rc, restart_at=None, faults=None):

@@ -116,19 +116,15 @@ class _RestartingGrid(InProcessGrid):
 
     def __init__(self, *args, restart: int, down: int, up: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.restart, self.down, self.up, self.rounds_seen = restart, down, up, 0
+        self.restart, self.down, self.up = restart, down, up
         self.old_id = self.node_ids[restart]
         self.new_id = self.old_id + 1_000_000
 
     def on_round(self, rnd: int) -> None:
         if rnd == self.down + 1:
-            self.node_ids = [n for n in self.node_ids if n != self.old_id]
+            self.disconnect(self.restart)
         if rnd == self.up + 1:
-            ctx = self.contexts[self.old_id]
-            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
-                                                 state=ctx.state, run_config=ctx.run_config)
-            self.partition_of_node[self.new_id] = self.restart
-            self.node_ids = sorted([*self.node_ids, self.new_id])
+            self.reconnect(self.restart, self.new_id, keep_state=True)
 
 
 def test_a_restarted_node_takes_its_partitions_place_and_the_gap_is_reported(synth_rc):

@@ -646,15 +646,9 @@ class _RestartingGrid(InProcessGrid):
 
     def on_round(self, rnd: int) -> None:
         if rnd == self.down + 1:
-            self.node_ids = [n for n in self.node_ids if n != self.old_id]
+            self.disconnect(self.restart)
         if rnd == self.up + 1:
-            from flwr.app import Context
-
-            ctx = self.contexts[self.old_id]
-            self.contexts[self.new_id] = Context(run_id=1, node_id=self.new_id, node_config=ctx.node_config,
-                                                 state=ctx.state, run_config=ctx.run_config)
-            self.partition_of_node[self.new_id] = self.restart
-            self.node_ids = sorted([*self.node_ids, self.new_id])
+            self.reconnect(self.restart, self.new_id, keep_state=True)
 
     def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
         messages = list(messages)
