@@ -219,7 +219,7 @@ FULLBATCH = "fedmgda_fmnist_improvement_fullbatch"
 FEDAVG_B10 = "fedmgda_fmnist_improvement_fedavg"
 FEDAVG_FULLBATCH = "fedmgda_fmnist_improvement_fullbatch_fedavg"
 SCALING = "fedmgda_fmnist_scaling"
-SCALING_CONF = REPO / "conf" / f"{SCALING}.toml"
+LOSS_SCALING = "fedmgda_fmnist_loss_scaling"
 # ε of each run in the Fig. 1 sweep: (experiment, label) -> ε
 EPS_RUNS: dict[float, tuple[str, str]] = {
     0.0: (LONG, "fedavg-n"), 0.05: (EPS, "fedmgda+-eps0.05"), 0.1: (LONG, "fedmgda+"),
@@ -410,8 +410,12 @@ def improvement_curves_report() -> None:
     _save(fig, "fedmgda_fmnist_improvement.png")
 
 
-def scaling_report() -> None:
-    """Scaling attack (the config's ``attack``): FedMGDA+ and FedAvg with and without it."""
+def scaling_report(name: str = SCALING) -> None:
+    """Scaling attack of ``conf/<name>.toml`` (its ``attack``): FedMGDA+ and FedAvg with and without it.
+
+    Draws docs/figures/<name>.png: mean client accuracy per evaluated round, attacked
+    (dashed) against the unattacked runs of ``fedmgda_fmnist_long`` (solid).
+    """
     import tomllib
 
     import matplotlib
@@ -419,10 +423,11 @@ def scaling_report() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    attacked = _runs(SCALING)
-    if not attacked or not SCALING_CONF.is_file():
+    conf = REPO / "conf" / f"{name}.toml"
+    attacked = _runs(name)
+    if not attacked or not conf.is_file():
         return
-    rc = tomllib.loads(SCALING_CONF.read_text())["run-config"]
+    rc = tomllib.loads(conf.read_text())["run-config"]
     bad = str(rc.get("malicious-ids", "")).split(",")[0].strip()
     clean = _runs(LONG)
     # participation of the attacker (FairStrategy samples with the seed's generator, so every
@@ -456,8 +461,9 @@ def scaling_report() -> None:
     ax.set_xlabel(f"round (grey: attacker {bad} sampled)")
     ax.set_ylabel("mean client test accuracy %")
     ax.legend(fontsize=7)
+    ax.set_title(f"client {bad} scales {what} by {rc.get('attack-scale'):g}", fontsize=9)
     fig.tight_layout()
-    _save(fig, "fedmgda_fmnist_scaling.png")
+    _save(fig, f"{name}.png")
 
 
 def main() -> None:
@@ -482,7 +488,8 @@ def main() -> None:
             fmnist_80_report(LONG200, seed)
         eps_report()
         improvement_curves_report()
-        scaling_report()
+        scaling_report(SCALING)
+        scaling_report(LOSS_SCALING)
 
 
 if __name__ == "__main__":
