@@ -52,6 +52,7 @@ from torch.nn import functional as F
 
 from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
+from flowerdro.clients.routes import ROUTE_SPECS, handler
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -68,39 +69,9 @@ __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 USER_LOOP_ROUTES: tuple[str, ...] = ("train", "train.sgd")
 
 
-def _route(module: str, function: str, **kwargs: Any) -> Callable[[Message, Context], Message]:
-    """A lazily imported handler ``module.function(msg, context, **kwargs)``."""
-
-    def call(message: Message, context: Context) -> Message:
-        import importlib
-
-        return getattr(importlib.import_module(module), function)(message, context, **kwargs)
-
-    call.__name__ = function
-    return call
-
-
-_H, _SP, _RB, _DR = ("flowerdro.clients.handlers", "flowerdro.clients.scaffpd", "flowerdro.clients.robust",
-                     "flowerdro.clients.drdsgd")
-
-#: Every message type a flowerdro strategy sends → flowerdro's handler of it.
-ROUTES: dict[str, Callable[[Message, Context], Message]] = {
-    "train": _route(_H, "train_reply"),
-    "train.sgd": _route(_H, "train_reply"),
-    "train.drfa": _route(_H, "train_reply", with_snapshot=True),
-    "train.drdsgd": _route(_DR, "drdsgd_reply", robust=True),
-    "train.dsgd": _route(_DR, "drdsgd_reply", robust=False),
-    "train.scaffpd": _route(_SP, "scaffpd_train_reply"),
-    "train.scaffold": _route(_SP, "scaffold_train_reply"),
-    "train.fedrobust": _route(_RB, "fedrobust_train_reply"),
-    "train.fgm": _route(_RB, "adversarial_train_reply", kind="fgm"),
-    "train.pgd": _route(_RB, "adversarial_train_reply", kind="pgd"),
-    "evaluate": _route(_H, "evaluate_reply"),
-    "query.loss": _route(_H, "loss_reply"),
-    "query.init": _route(_H, "init_reply"),
-    "query.loss_grad": _route(_SP, "loss_grad_reply"),
-    "query.affine_state": _route(_RB, "affine_state_reply"),
-}
+#: Every message type a flowerdro strategy sends → flowerdro's handler of it
+#: (:data:`flowerdro.clients.routes.ROUTE_SPECS`, each module imported on first call).
+ROUTES: dict[str, Callable[[Message, Context], Message]] = {t: handler(t) for t in ROUTE_SPECS}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,10 @@
+"""Deployment helpers: what cuts the per-message cost of a real SuperLink/SuperNode deployment.
+
+* :mod:`flowerdro.deploy.grid` — the ServerApp pulls replies every 0.05 s instead of every 3 s.
+* :mod:`flowerdro.deploy.worker` — a node-local worker process that keeps torch, the data
+  and the model loaded across messages (node config ``worker=1``).
+* :mod:`flowerdro.deploy.supernode` — ``flower-supernode`` with a shorter idle poll.
+
+docs/performance.md ("Deployment: per-message cost and the operator settings") says what
+an operator sets and what each one saves.
+"""
