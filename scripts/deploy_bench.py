@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> list[float]:
            "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.update(kv.split("=", 1) for kv in args.env)
     procs: list[subprocess.Popen] = []
+    workers = tmp / "workers"  # the node-local workers' sockets and pid files (node config worker=1)
+    node_config = f"{args.node_config} worker-dir='{workers}'".strip()
 
     def start(cmd: list[str], name: str) -> None:
         log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> list[float]:
         launcher = shlex.split(args.launcher) if args.launcher else []
         for pid in range(args.supernodes):
             start([*launcher, str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                   "--node-config", f"partition-id={pid} num-partitions={args.supernodes} {args.node_config}".strip(),
+                   "--node-config", f"partition-id={pid} num-partitions={args.supernodes} {node_config}",
                    "--host", "127.0.0.1", "--port", str(_port())], f"supernode{pid}")
         time.sleep(4)
         cfg = f"num-rounds={args.rounds} strategies='{args.strategy}' output-dir='{out}' {args.run_config}"
@@ -105,6 +107,11 @@ def run(args: argparse.Namespace) -> list[float]:
         return [json.loads(x)["time_s"] for x in lines]
     finally:
         _stop(procs)
+        for pid_file in workers.glob("*.pid"):  # detached: not in the SuperNodes' process groups
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
 
 
 def main() -> int:

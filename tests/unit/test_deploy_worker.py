@@ -138,3 +138,50 @@ def test_the_node_config_keys_are_checked(tmp_path):
     shared.chmod(0o755)
     with pytest.raises(PermissionError, match="mode 0700"):
         w.socket_path(_context({}, shared), w.worker_settings({"worker-dir": str(shared)}))
+
+
+# ----------------------------------------------------------------------------- SuperNode launcher
+def test_the_launcher_shortens_only_the_idle_sleep(monkeypatch):
+    import time as time_module
+
+    from flwr.supernode import start_client_internal as sci
+
+    from flowerdro.deploy.supernode import patch_idle_sleep
+
+    monkeypatch.setattr(sci, "time", time_module)  # restored after the test
+    slept = []
+    monkeypatch.setattr(time_module, "sleep", slept.append)
+    patch_idle_sleep(0.2)
+    sci.time.sleep(3)
+    sci.time.sleep(0.5)
+    assert slept == [0.2, 0.5] and sci.time.monotonic is time_module.monotonic
+
+
+def test_the_launcher_refuses_another_flower(monkeypatch):
+    import inspect
+    import time as time_module
+
+    import flwr
+    from flwr.supernode import start_client_internal as sci
+
+    from flowerdro.deploy.supernode import main, patch_idle_sleep
+
+    monkeypatch.setattr(sci, "time", time_module)
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    with pytest.raises(RuntimeError, match="installed: 1.42.0"):
+        patch_idle_sleep(0.1)
+    monkeypatch.undo()
+    monkeypatch.setattr(inspect, "getsource", lambda _m: "while True:\n    time.sleep(5)\n")
+    with pytest.raises(RuntimeError, match="does not apply"):
+        patch_idle_sleep(0.1)
+    assert main(["--poll", "0", "--", "--insecure"]) == 2
+    assert sci.time is time_module
+
+
+def test_the_launcher_runs_flower_supernode_with_its_arguments():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--superlink" in out.stdout, out.stderr[-2000:]
