@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -60,8 +61,24 @@ def _stop(procs: list[subprocess.Popen]) -> None:
                 pass
 
 
-def run(args: argparse.Namespace) -> list[float]:
-    """Start the deployment, run the job, return the per-round ``time_s``."""
+def _phases(log: Path) -> list[tuple[float, float]]:
+    """Per message a SuperNode served: (s from receiving it to its ClientApp process's first log line,
+    s from there to sending the reply), from the timed log."""
+    out, got, started = [], None, None
+    for line in log.read_text().splitlines():
+        stamp = line[:10].strip()
+        if "Receiving:" in line:
+            got, started = float(stamp), None
+        elif "Start `flwr-clientapp` process" in line and got is not None:
+            started = float(stamp)
+        elif "Sending:" in line and got is not None and started is not None:
+            out.append((started - got, float(stamp) - started))
+            got = None
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Start the deployment, run the job; per-round ``time_s``, per-message phases and the load average."""
     tmp = Path(tempfile.mkdtemp(prefix="flowerdro-deploy-"))
     home, out, port = tmp / "home", tmp / "out", _port()
     home.mkdir()
@@ -74,9 +91,21 @@ def run(args: argparse.Namespace) -> list[float]:
     workers = tmp / "workers"  # the node-local workers' sockets and pid files (node config worker=1)
     node_config = f"{args.node_config} worker-dir='{workers}'".strip()
 
+    t0 = time.monotonic()
+
     def start(cmd: list[str], name: str) -> None:
-        log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        """Start ``cmd`` in its own process group; its output goes to ``<tmp>/<name>.log``, each line timed."""
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        procs.append(proc)
+
+        def copy() -> None:
+            with open(tmp / f"{name}.log", "w") as log:
+                for line in iter(proc.stdout.readline, b""):
+                    log.write(f"{time.monotonic() - t0:9.3f} {line.decode(errors='replace')}")
+                    log.flush()
+
+        threading.Thread(target=copy, daemon=True).start()
 
     try:
         start([str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
@@ -84,7 +113,7 @@ def run(args: argparse.Namespace) -> list[float]:
         time.sleep(4)
         launcher = shlex.split(args.launcher) if args.launcher else []
         for pid in range(args.supernodes):
-            start([*launcher, str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
+            start([*(launcher or [str(BIN / "flower-supernode")]), "--insecure", "--superlink", f"127.0.0.1:{port}",
                    "--node-config", f"partition-id={pid} num-partitions={args.supernodes} {node_config}",
                    "--host", "127.0.0.1", "--port", str(_port())], f"supernode{pid}")
         time.sleep(4)
@@ -104,7 +133,9 @@ def run(args: argparse.Namespace) -> list[float]:
         if status != "finished:completed":
             raise SystemExit(f"run {run_id}: {status!r}; logs in {tmp}")
         lines = (out / args.strategy / "rounds.jsonl").read_text().splitlines()
-        return [json.loads(x)["time_s"] for x in lines]
+        print(f"logs (each line with its second since the start): {tmp}", flush=True)
+        phases = [p for i in range(args.supernodes) for p in _phases(tmp / f"supernode{i}.log")[1:]]
+        return {"times": [json.loads(x)["time_s"] for x in lines], "phases": phases, "load": os.getloadavg()[0]}
     finally:
         _stop(procs)
         for pid_file in workers.glob("*.pid"):  # detached: not in the SuperNodes' process groups
@@ -122,14 +153,70 @@ def main() -> int:
     ap.add_argument("--run-config", default="", help="extra run-config keys")
     ap.add_argument("--node-config", default="", help="extra node-config keys for every SuperNode")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for every Flower process")
-    ap.add_argument("--launcher", default="", help="command prefix for flower-supernode")
+    ap.add_argument("--launcher", default="", help="command that replaces flower-supernode (its arguments follow)")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--docs", action="store_true",
+                    help="run every row of the operator-settings table and write it into docs/performance.md")
     args = ap.parse_args()
-    times = run(args)
-    for i, t in enumerate(times, 1):
+    if args.docs:
+        return write_docs(args)
+    res = run(args)
+    for i, t in enumerate(res["times"], 1):
         print(f"round {i}: {t:.2f} s")
-    later = times[1:] or times
-    print(f"median s/round (rounds 2..{len(times)}): {statistics.median(later):.2f}")
+    print(_summary(res))
+    return 0
+
+
+def _summary(res: dict) -> str:
+    later = res["times"][1:] or res["times"]
+    wait = statistics.median(p[0] for p in res["phases"]) if res["phases"] else float("nan")
+    work = statistics.median(p[1] for p in res["phases"]) if res["phases"] else float("nan")
+    return (f"median s/round (rounds 2..{len(res['times'])}): {statistics.median(later):.2f}; per message: "
+            f"{wait:.2f} s received → process started, {work:.2f} s started → reply sent; load {res['load']:.1f}")
+
+
+#: The rows of the docs table: label, extra environment, node config, launcher.
+_LAUNCHER = f"{sys.executable} -m flowerdro.deploy.supernode --poll 0.1 --"
+_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1"
+ROWS = [
+    ("Flower's defaults", [], "", ""),
+    (f"`{_POLL}`", [_POLL], "", ""),
+    (f"`{_POLL}`, `worker=1`", [_POLL], "worker=1", ""),
+    (f"`{_POLL}`, launcher `--poll 0.1`", [_POLL], "", _LAUNCHER),
+    (f"`{_POLL}`, launcher `--poll 0.1`, `worker=1`", [_POLL], "worker=1", _LAUNCHER),
+]
+
+
+def write_docs(args: argparse.Namespace) -> int:
+    """Run each row of :data:`ROWS` and replace the ``bench:deploy`` block of docs/performance.md."""
+    import re
+
+    body = []
+    for label, env, node, launcher in ROWS:
+        res = run(argparse.Namespace(**{**vars(args), "env": [*args.env, *env], "node_config": node,
+                                        "launcher": launcher}))
+        print(f"[deploy] {label}: {_summary(res)}", flush=True)
+        later = res["times"][1:]
+        wait = statistics.median(p[0] for p in res["phases"])
+        work = statistics.median(p[1] for p in res["phases"])
+        body.append(f"| {label} | {statistics.median(later):.2f} | {wait:.2f} | {work:.2f} | {res['load']:.1f} |")
+    cmd = f"python scripts/deploy_bench.py --docs --supernodes {args.supernodes} --rounds {args.rounds}"
+    block = (f"<!-- bench:deploy -->\n`{cmd}`: 1 SuperLink + {args.supernodes} SuperNodes on 127.0.0.1 (insecure), "
+             f"the pyproject job with `num-rounds={args.rounds} strategies='{args.strategy}'` (FedAvg: a train and an "
+             f"evaluate phase per round); s/round is the median `time_s` of rounds 2..{args.rounds}; per message, "
+             "the median over the SuperNodes' messages of the time from receiving it to its `flwr-clientapp` "
+             "process's first log line (SuperExec poll, process start, imports) and from there to sending the "
+             "reply (FAB check, app load, the handler or the forward, the push); load = the 1-minute load "
+             "average after the run.\n\n"
+             "| settings | s/round | received → process started s | started → reply sent s | load |\n"
+             "|---|---|---|---|---|\n" + "\n".join(body) + "\n<!-- /bench -->")
+    docs = ROOT / "docs" / "performance.md"
+    text = docs.read_text()
+    pattern = re.compile(r"<!-- bench:deploy -->.*?<!-- /bench -->", re.S)
+    if not pattern.search(text):
+        raise SystemExit("docs/performance.md has no <!-- bench:deploy --> block")
+    docs.write_text(pattern.sub(lambda _: block, text))
+    print(f"wrote {docs.relative_to(ROOT)}")
     return 0
 
 

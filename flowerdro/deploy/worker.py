@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import signal
 import socket
 import stat
 import struct
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-pid", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # remove the socket on the way out
     args.socket.with_suffix(".pid").write_text(str(os.getpid()))
     serve(args.socket, args.idle, args.watch_pid)
     return 0

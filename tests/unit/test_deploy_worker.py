@@ -182,6 +182,10 @@ def test_the_launcher_runs_flower_supernode_with_its_arguments():
     import subprocess
     import sys
 
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
     out = subprocess.run([sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--", "--help"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "--superlink" in out.stdout, out.stderr[-2000:]
