@@ -83,6 +83,23 @@ def test_forwarded_replies_equal_the_local_ones(folder, synth_rc):
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
+def test_the_state_a_handler_keeps_comes_back_into_the_context(folder, synth_rc):
+    # SCAFF-PD phase 1 keeps c_i in context.state; the forwarded run must leave the same record there
+    ctx_w, ctx_l = _context(synth_rc, folder), _context(synth_rc, folder, worker=0)
+    arrays = handler("query.init")(_init(synth_rc), ctx_l).content.array_records["arrays"]
+    cfg = client_config(synth_rc)
+    cfg["server-round"] = 2
+
+    def msg():
+        return _message(RecordDict({"arrays": arrays, "config": cfg}), "query.loss_grad", "m-grad")
+
+    assert w.forward(msg(), ctx_w, w.worker_settings(ctx_w.node_config)) is not None
+    handler("query.loss_grad")(msg(), ctx_l)
+    got, want = ctx_w.state.array_records["scaffpd.grad"], ctx_l.state.array_records["scaffpd.grad"]
+    assert got.keys() == want.keys() and all(np.array_equal(got[k].numpy(), want[k].numpy()) for k in got)
+    assert dict(ctx_w.state.config_records["scaffpd.meta"]) == {"server-round": 2}
+
+
 def test_a_handler_error_surfaces_as_the_messages_error(folder, synth_rc):
     ctx = _context(synth_rc, folder)
     bad = _message(RecordDict({"config": client_config(synth_rc)}), "train", "m-bad")  # no arrays
