@@ -58,6 +58,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import nn
 from torch.nn import functional as F
 
+from flowerdro.buffers import to_array_record
 from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for, train_metrics
 from flowerdro.clients.training import (
     LocalData,
@@ -302,7 +303,7 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     new_state = AffineState(lam, delta, state.rounds + 1)
     metrics = train_metrics(rt, res, **{"lambda-dev-fro": new_state.lambda_dev_fro, "delta-norm": new_state.delta_norm,
                                         "affine-rounds": new_state.rounds})
-    content = RecordDict({"arrays": ArrayRecord(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
+    content = RecordDict({"arrays": to_array_record(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
     return Message(content=content, reply_to=message)
 
 
@@ -321,7 +322,7 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
         batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
         attack_steps=s.int("pgd-steps", 10, minimum=1), attack_step_size=step_size or None, loss_fn=rt.loss_fn,
     )
-    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": train_metrics(rt, res)}),
+    return Message(content=RecordDict({"arrays": to_array_record(res.state), "metrics": train_metrics(rt, res)}),
                    reply_to=message)
 
 
