@@ -50,6 +50,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.nn import functional as F
 
+from flowerdro.buffers import to_array_record
 from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
 from flowerdro.clients.routes import ROUTE_SPECS, handler
@@ -409,7 +410,7 @@ class ClientKit:
         own_loss = out.get("train_loss") if isinstance(out, Mapping) else out
         if isinstance(own_loss, int | float) and math.isfinite(float(own_loss)):
             metrics["train_loss_local"] = float(own_loss)
-        return Message(content=RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)}),
+        return Message(content=RecordDict({"arrays": to_array_record(state), "metrics": MetricRecord(metrics)}),
                        reply_to=message)
 
     # ------------------------------------------------------------------ evaluation
