@@ -10,7 +10,7 @@ Usage::
 
     python scripts/deploy_bench.py [--supernodes 2] [--rounds 4] [--strategy fedavg]
         [--env FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1] [--node-config "worker=1"]
-        [--launcher "python -m flowerdro.deploy.supernode --poll 0.2 --"]
+        [--launcher "python -m flowerdro.deploy.supernode --poll 0.1 --fork-clientapp --"]
 
 Prints one line per round and the median of rounds 2.. (the first round also pays the FAB
 install and, with ``worker=1``, the worker's start).
@@ -184,6 +184,8 @@ ROWS = [
     (f"`{_POLL}`, `worker=1`", [_POLL], "worker=1", ""),
     (f"`{_POLL}`, launcher `--poll 0.1`", [_POLL], "", _LAUNCHER),
     (f"`{_POLL}`, launcher `--poll 0.1`, `worker=1`", [_POLL], "worker=1", _LAUNCHER),
+    (f"`{_POLL}`, launcher `--poll 0.1 --fork-clientapp`, `worker=1`", [_POLL], "worker=1",
+     _LAUNCHER.replace("--poll 0.1", "--poll 0.1 --fork-clientapp")),
 ]
 
 

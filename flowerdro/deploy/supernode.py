@@ -7,20 +7,26 @@ the message and up to 3 s more before its reply leaves the node. This launcher r
 same ``flower-supernode`` entry point with ``ARGS`` unchanged, after replacing that one
 sleep by ``S`` seconds (each pull is one request to the SuperLink's Fleet API).
 
+With ``--fork-clientapp`` the SuperNode also starts its SuperExec as
+``python -m flowerdro.deploy.superexec`` (:mod:`flowerdro.deploy.superexec`: every
+``flwr-clientapp`` task process is a fork of the SuperExec, flwr already imported).
+
 It refuses to start (exit code 2, saying why) when the installed Flower is not 1.41.x or its
-SuperNode loop does not contain exactly one ``time.sleep(3)``: the patch then no longer
-matches the code it was written for.
+SuperNode loop does not contain exactly one ``time.sleep(3)`` (or, with ``--fork-clientapp``,
+one ``["flower-superexec"]`` command): the patch then no longer matches the code it was
+written for.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import subprocess
 import sys
 import time
 from typing import Any
 
-__all__ = ["FLOWER_SERIES", "patch_idle_sleep"]
+__all__ = ["FLOWER_SERIES", "patch_idle_sleep", "patch_superexec_command"]
 
 #: The Flower release series whose SuperNode loop this patch was checked against.
 FLOWER_SERIES = "1.41."
@@ -66,6 +72,39 @@ def patch_idle_sleep(poll: float) -> None:
     sci.time = _Time(poll)
 
 
+class _Subprocess:
+    """``subprocess`` as the SuperNode sees it: ``flower-superexec`` becomes ``python -m flowerdro.deploy.superexec``."""
+
+    def Popen(self, args: list[str], **kwargs: Any) -> Any:  # noqa: N802 - the name it replaces
+        if args and args[0] == "flower-superexec":
+            args = [sys.executable, "-m", "flowerdro.deploy.superexec", *args[1:]]
+        return subprocess.Popen(args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+
+def patch_superexec_command() -> None:
+    """Make the SuperNode start ``python -m flowerdro.deploy.superexec`` for its SuperExec.
+
+    Raises
+    ------
+    RuntimeError
+        The SuperNode no longer starts ``flower-superexec`` through ``subprocess.Popen``, or
+        the SuperExec's executor does not match :func:`flowerdro.deploy.superexec.patch_executor`.
+    """
+    from flwr.supernode import start_client_internal as sci
+
+    from flowerdro.deploy.superexec import patch_executor
+
+    count = inspect.getsource(sci).count('command = ["flower-superexec"]')
+    if count != 1 or sci.subprocess is not subprocess:
+        raise RuntimeError(f"flwr.supernode.start_client_internal holds {count} × 'command = [\"flower-superexec\"]' "
+                           "(1 expected): the patch does not apply")
+    patch_executor()  # checked here so that the SuperNode refuses to start, not its SuperExec
+    sci.subprocess = _Subprocess()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Patch the idle sleep, then run ``flower-supernode`` with the arguments after ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -75,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="example: python -m flowerdro.deploy.supernode --poll 0.1 -- "
                                         "--insecure --superlink 127.0.0.1:9092")
     ap.add_argument("--poll", type=float, default=0.1, help="seconds between pulls when idle (Flower: 3)")
+    ap.add_argument("--fork-clientapp", action="store_true",
+                    help="run each flwr-clientapp task as a fork of the SuperExec (flowerdro.deploy.superexec)")
     args = ap.parse_args(argv[:cut])
     try:
         patch_idle_sleep(args.poll)
+        if args.fork_clientapp:
+            patch_superexec_command()
     except (ValueError, RuntimeError) as exc:
         print(f"flowerdro.deploy.supernode: {exc}", file=sys.stderr)
         return 2
