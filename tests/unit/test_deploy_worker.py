@@ -198,7 +198,6 @@ def test_the_launcher_refuses_another_flower(monkeypatch):
 def test_the_launcher_runs_flower_supernode_with_its_arguments():
     import subprocess
     import sys
-
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
