@@ -205,3 +205,19 @@ def test_the_launcher_runs_flower_supernode_with_its_arguments():
     out = subprocess.run([sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--", "--help"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "--superlink" in out.stdout, out.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- the ClientApp's route
+def test_the_client_app_forwards_with_worker_1_and_runs_here_when_no_worker_answers(folder, synth_rc, monkeypatch):
+    from flowerdro.apps.client_app import app
+
+    ctx = _context(synth_rc, folder)
+    via_worker = app(_init(synth_rc), ctx)
+    assert len(list(folder.glob("*.pid"))) == 1  # served by the worker
+    local = handler("query.init")(_init(synth_rc), _context(synth_rc, folder, worker=0))
+    a, b = _arrays(via_worker), _arrays(local)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    monkeypatch.setattr(w, "forward", lambda *_: None)  # no worker reachable: the message runs here
+    here = app(_init(synth_rc), ctx)
+    a = _arrays(here)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
