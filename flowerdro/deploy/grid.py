@@ -4,7 +4,10 @@ Flower 1.41's deployment grid (``flwr.superlink.grid.http_grid``) sleeps 3 s aft
 pull in ``send_and_receive``, so every message phase of a round waits up to 3 s after its
 last reply has reached the SuperLink. :class:`PromptGrid` wraps any Grid and runs the same
 loop (push once, pull the outstanding replies until all answered or the timeout passed)
-with a short sleep; a pull is one request to the SuperLink's ServerAppIo API.
+with a short sleep; a pull is one request to the SuperLink's ServerAppIo API. The sleep
+doubles after every pull that brought nothing, up to ``max_interval``, and drops back to
+``interval`` when replies arrive, so a long round does not keep the SuperLink busy with
+pulls of thousands of outstanding ids.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ class PromptGrid(Grid):
     grid : Grid
         The grid the ServerApp was given.
     interval : float (default: 0.05)
-        Seconds slept after a pull that left replies outstanding.
+        Seconds slept after a pull that brought replies and left others outstanding.
+    max_interval : float (default: 1.0)
+        The longest sleep: after a pull that brought nothing the sleep doubles, up to this.
     """
 
-    def __init__(self, grid: Grid, interval: float = 0.05) -> None:
+    def __init__(self, grid: Grid, interval: float = 0.05, max_interval: float = 1.0) -> None:
         if not interval > 0:
             raise ValueError(f"PromptGrid: interval must be > 0 seconds, got {interval!r}")
-        self._grid, self.interval = grid, float(interval)
+        if not max_interval >= interval:
+            raise ValueError(f"PromptGrid: max_interval must be >= interval ({interval}), got {max_interval!r}")
+        self._grid, self.interval, self.max_interval = grid, float(interval), float(max_interval)
 
     def set_run(self, run_id: int) -> None:  # noqa: D102
         self._grid.set_run(run_id)
@@ -63,12 +70,14 @@ class PromptGrid(Grid):
         pending = {str(i) for i in self.push_messages(messages) if i}
         end = time.monotonic() + (timeout if timeout is not None else 0.0)
         replies: list[Message] = []
+        sleep = self.interval
         while pending and (timeout is None or time.monotonic() < end):
             got = list(self.pull_messages(sorted(pending)))
             replies.extend(got)
             pending.difference_update(str(m.metadata.reply_to_message_id) for m in got)
+            sleep = self.interval if got else min(2 * sleep, self.max_interval)
             if pending:
-                time.sleep(self.interval if timeout is None else max(0.0, min(self.interval, end - time.monotonic())))
+                time.sleep(sleep if timeout is None else max(0.0, min(sleep, end - time.monotonic())))
         return replies
 
     def __getattr__(self, name: str) -> Any:

@@ -48,10 +48,22 @@ def test_every_reply_comes_back_one_pull_interval_apart():
 def test_a_silent_node_costs_the_timeout_and_no_more():
     inner = _SlowGrid(mute=frozenset({"b"}))
     start = time.monotonic()
-    replies = PromptGrid(inner, interval=0.01).send_and_receive(_msgs("a", "b"), timeout=0.3)
+    replies = PromptGrid(inner, interval=0.01, max_interval=0.01).send_and_receive(_msgs("a", "b"), timeout=0.3)
     took = time.monotonic() - start
     assert [r.metadata.reply_to_message_id for r in replies] == ["a"]
     assert 0.3 <= took < 1.3 and inner.pulls > 5  # polled all along, stopped at the deadline
+
+
+def test_the_sleep_doubles_while_nothing_arrives_and_is_capped():
+    inner = _SlowGrid(mute=frozenset({"b"}))
+    start = time.monotonic()
+    PromptGrid(inner, interval=0.01, max_interval=0.08).send_and_receive(_msgs("a", "b"), timeout=0.6)
+    # pull 1 brings "a" (sleep 0.01); then empty pulls sleep 0.02, 0.04, 0.08, 0.08, ... until
+    # 0.6 s: 0.01 + 0.02 + 0.04 = 0.07 s, then (0.6 − 0.07)/0.08 ≈ 6.6 more sleeps, so about 10
+    # pulls; a fixed 0.01 s sleep would make about 60. Timer slack on a loaded machine only
+    # lengthens sleeps, which means fewer pulls, so only the upper bound is tight.
+    assert 3 <= inner.pulls <= 12, inner.pulls
+    assert time.monotonic() - start >= 0.6
 
 
 def test_other_attributes_reach_the_wrapped_grid():
@@ -60,6 +72,8 @@ def test_other_attributes_reach_the_wrapped_grid():
     assert inner.closed
     with pytest.raises(ValueError, match="interval must be > 0"):
         PromptGrid(inner, interval=0)
+    with pytest.raises(ValueError, match="max_interval must be >= interval"):
+        PromptGrid(inner, interval=0.5, max_interval=0.1)
 
 
 def test_the_client_app_module_imports_neither_torch_nor_the_data_code():
