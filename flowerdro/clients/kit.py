@@ -38,6 +38,7 @@ stands for the partition (the server does the same), and ``data_fn`` is called w
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,16 +69,26 @@ __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 USER_LOOP_ROUTES: tuple[str, ...] = ("train", "train.sgd")
 
 
+@dataclass(frozen=True)
+class _Route:
+    """A lazily imported handler: ``module.function(message, context, **kwargs)``.
+
+    A module-level class rather than a closure: Flower's Ray simulation pickles the
+    ClientApp with every message it hands an actor, and an instance of an importable
+    class pickles as a reference plus three strings, where a closure pickles its code.
+    """
+
+    module: str
+    function: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        return getattr(importlib.import_module(self.module), self.function)(message, context, **dict(self.kwargs))
+
+
 def _route(module: str, function: str, **kwargs: Any) -> Callable[[Message, Context], Message]:
     """A lazily imported handler ``module.function(msg, context, **kwargs)``."""
-
-    def call(message: Message, context: Context) -> Message:
-        import importlib
-
-        return getattr(importlib.import_module(module), function)(message, context, **kwargs)
-
-    call.__name__ = function
-    return call
+    return _Route(module, function, tuple(sorted(kwargs.items())))
 
 
 _H, _SP, _RB, _DR = ("flowerdro.clients.handlers", "flowerdro.clients.scaffpd", "flowerdro.clients.robust",
