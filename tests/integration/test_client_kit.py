@@ -288,6 +288,18 @@ def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
     assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
 
 
+def test_copies_of_a_pickled_legacy_client_app_are_one_app_without_the_senders_kits():
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from flowerdro.legacy import LegacyClientApp
+
+    app = LegacyClientApp(lambda context: None, loss_fn=nn.CrossEntropyLoss())
+    app._kits[1] = "a kit built in the sending process"
+    blob = cloudpickle.dumps(app)
+    first, second = cloudpickle.loads(blob), cloudpickle.loads(blob)
+    assert first is second and first is not app
+    assert first._kits == {} and first._kit_options == app._kit_options
+
+
 # --------------------------------------------------------------------------- protocol traps
 def test_fairness_numbers_read_the_configured_metric_names(synth_rc):
     kit = own_pieces_kit(synth_rc, 3, accuracy_metric="eval_acc", loss_metric="eval_loss")
