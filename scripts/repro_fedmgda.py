@@ -20,9 +20,9 @@ made by ``OMP_NUM_THREADS=1 python -m flowerdro.experiments conf/<name>.toml``:
   ``fedavg-n`` and ``fedmgda+``);
 * ``fedmgda_fmnist_improvement_fullbatch``: fraction of improved participants with
   full-batch local steps (Fig. 4; the b = 10 curves come from the two runs above);
-* ``fedmgda_fmnist_scaling``: one client multiplies its update by ``attack-scale``
-  (``attack = "update-scale"``; the paper's §6.2.2 attack scales the loss,
-  ``attack = "loss-scale"``; unattacked baselines: the long run).
+* ``fedmgda_fmnist_scaling``: FedAvg and FedMGDA+ honest, and with one client scaling its
+  loss (``attack = "loss-scale"``, the paper's §6.2.2 attack) or its update
+  (``attack = "update-scale"``) by ``attack-scale``, evaluated every round.
 
 Departures from the paper, to keep the runs to CPU hours (stated again in the tables):
 Adult uses one local step of batch 10 per round for every method (AFL's own τ = 1; the
@@ -219,7 +219,6 @@ FULLBATCH = "fedmgda_fmnist_improvement_fullbatch"
 FEDAVG_B10 = "fedmgda_fmnist_improvement_fedavg"
 FEDAVG_FULLBATCH = "fedmgda_fmnist_improvement_fullbatch_fedavg"
 SCALING = "fedmgda_fmnist_scaling"
-LOSS_SCALING = "fedmgda_fmnist_loss_scaling"
 # ε of each run in the Fig. 1 sweep: (experiment, label) -> ε
 EPS_RUNS: dict[float, tuple[str, str]] = {
     0.0: (LONG, "fedavg-n"), 0.05: (EPS, "fedmgda+-eps0.05"), 0.1: (LONG, "fedmgda+"),
@@ -411,10 +410,12 @@ def improvement_curves_report() -> None:
 
 
 def scaling_report(name: str = SCALING) -> None:
-    """Scaling attack of ``conf/<name>.toml`` (its ``attack``): FedMGDA+ and FedAvg with and without it.
+    """Scaling attacks of ``conf/<name>.toml``: each method honest, under loss and under update scaling.
 
-    Draws docs/figures/<name>.png: mean client accuracy per evaluated round, attacked
-    (dashed) against the unattacked runs of ``fedmgda_fmnist_long`` (solid).
+    Labels ``<method>`` run honestly and ``<method>-<attack>`` with the attacker of their
+    table. Prints, per label, the mean client accuracy in the rounds the attacker took part
+    (evaluated after that round's step), the lowest mean accuracy from the attacker's first
+    round on, and the last round's; draws docs/figures/<name>.png, one panel per attack.
     """
     import tomllib
 
@@ -424,44 +425,48 @@ def scaling_report(name: str = SCALING) -> None:
     import matplotlib.pyplot as plt
 
     conf = REPO / "conf" / f"{name}.toml"
-    attacked = _runs(name)
-    if not attacked or not conf.is_file():
+    runs = _runs(name)
+    if not runs or not conf.is_file():
         return
-    rc = tomllib.loads(conf.read_text())["run-config"]
-    bad = str(rc.get("malicious-ids", "")).split(",")[0].strip()
-    clean = _runs(LONG)
-    # participation of the attacker (FairStrategy samples with the seed's generator, so every
-    # method sees the same clients each round; FedMGDA+ logs them as the keys of λ)
-    part = [int(r["round"]) for r in attacked.get("fedmgda+", []) if bad in (r.get("lambda") or {})]
-    what = {"loss-scale": "its loss", "update-scale": "its update"}.get(str(rc.get("attack")), rc.get("attack"))
-    print(f"\nScaling attack ({rc.get('attack')}): partition {bad} multiplies {what} by {rc.get('attack-scale')}; "
-          f"it was sampled in rounds {part}. Client test accuracy % mean / std / attacker's own")
-    rows = []
-    for label, recs in attacked.items():
-        rows.append((label, f"x{rc.get('attack-scale')}", recs))
-        if label in clean:
-            rows.append((label, "none", clean[label]))
-    common = sorted(set.intersection(*(set(_evals(r)) for _, _, r in rows)))
-    print("| method | attack | " + " | ".join(f"round {t}" for t in common) + " |")
-    print("|---|---|" + "---|" * len(common))
-    for label, attack, recs in sorted(rows):
-        ev = _evals(recs)
-        cells = " | ".join(f"{_pct(ev[t]['acc_mean'])} / {_pct(ev[t]['acc_std'])} / "
-                           f"{_pct(ev[t]['client_acc'][bad])}" for t in common)
-        print(f"| {label} | {attack} | {cells} |")
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    colour = {label: f"C{k}" for k, label in enumerate(sorted(attacked))}
-    for label, attack, recs in sorted(rows):
-        ev = _evals(recs)
-        ts = [t for t in sorted(ev) if t <= common[-1]]
-        ax.plot(ts, [100 * ev[t]["acc_mean"] for t in ts], "o-" if attack == "none" else "s--", ms=4,
-                color=colour[label], label=f"{label}, attack {attack}")
-    for t in part:
-        ax.axvline(t, color="grey", lw=0.5, alpha=0.5)
-    ax.set_xlabel(f"round (grey: attacker {bad} sampled)")
-    ax.set_ylabel("mean client test accuracy %")
-    ax.legend(fontsize=7)
-    ax.set_title(f"client {bad} scales {what} by {rc.get('attack-scale'):g}", fontsize=9)
+    cfg = tomllib.loads(conf.read_text())
+    tables = cfg.get("strategy", {})
+    attacks = ("loss-scale", "update-scale")
+    methods = [m for m in runs if not m.endswith(attacks)]
+    attacked = {m: {a: runs[f"{m}-{a}"] for a in attacks if f"{m}-{a}" in runs} for m in methods}
+    bad = next(str(tab["malicious-ids"]).split(",")[0].strip() for tab in tables.values() if "malicious-ids" in tab)
+    scale = cfg["run-config"].get("attack-scale")
+    # the attacker's rounds: FedMGDA+ logs the participants as the keys of λ; every label samples alike
+    lam_runs = [recs for label, recs in runs.items() if any("lambda" in r for r in recs)]
+    part = [int(r["round"]) for r in (lam_runs[0] if lam_runs else []) if bad in (r.get("lambda") or {})]
+    print(f"\nScaling attacks: partition {bad} scales its loss or its update by {scale}; it was sampled in "
+          f"rounds {part}. Mean client test accuracy %")
+    print("| method | attack | mean over the attacker's rounds | lowest from round "
+          f"{part[0] if part else '-'} | last round |")
+    print("|---|---|---|---|---|")
+    for m in methods:
+        for attack, recs in [("none", runs[m]), *attacked[m].items()]:
+            ev = _evals(recs)
+            at = [ev[t]["acc_mean"] for t in part if t in ev]
+            after = [ev[t]["acc_mean"] for t in ev if part and t >= part[0]]
+            print(f"| {m} | {attack} | {_pct(sum(at) / len(at)) if at else '-'} | "
+                  f"{_pct(min(after)) if after else '-'} | {_pct(ev[max(ev)]['acc_mean'])} |")
+    fig, axes = plt.subplots(1, len(attacks), figsize=(9, 3.6), sharey=True)
+    for ax, attack in zip(axes, attacks, strict=True):
+        for k, m in enumerate(methods):
+            for recs, style, what in ((runs[m], "-", "honest"), (attacked[m].get(attack), "--", "attacked")):
+                if recs is None:
+                    continue
+                ev = _evals(recs)
+                ts = sorted(ev)
+                ax.plot(ts, [100 * ev[t]["acc_mean"] for t in ts], style, color=f"C{k}", lw=1.3,
+                        label=f"{m}, {what}")
+        for t in part:
+            ax.axvline(t, color="grey", lw=0.6, alpha=0.6)
+        what = "its loss" if attack == "loss-scale" else "its update"
+        ax.set_title(f"client {bad} scales {what} by {scale:g}", fontsize=9)
+        ax.set_xlabel(f"round (grey: client {bad} sampled)")
+    axes[0].set_ylabel("mean client test accuracy %")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     _save(fig, f"{name}.png")
 
@@ -489,7 +494,6 @@ def main() -> None:
         eps_report()
         improvement_curves_report()
         scaling_report(SCALING)
-        scaling_report(LOSS_SCALING)
 
 
 if __name__ == "__main__":

@@ -17,19 +17,36 @@
 | ``train.fgm`` / ``train.pgd`` | local SGD on ℓ₂ FGM / PGD adversarial batches | FGM / PGD training |
 | ``query.affine_state`` | the node's partition id and input dimension d | FedRobust        |
 
-The routes are registered from that one table, which :class:`~flowerdro.clients.kit.ClientKit`
-also serves with a user's own model and data; an algorithm's new message type is one line
-there.
+The routes are registered from :data:`flowerdro.clients.routes.ROUTE_SPECS`, which
+:class:`~flowerdro.clients.kit.ClientKit` also serves with a user's own model and data; an
+algorithm's new message type is one line there. Importing this module loads neither torch
+nor the data code (Flower 1.41 starts a new process for every message): a handler's module
+is imported on its first call. With ``worker=1`` in the node config the message is served
+by the node's long-lived worker process instead (:mod:`flowerdro.deploy.worker`).
 """
 
 from __future__ import annotations
 
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from flowerdro.clients.kit import ROUTES
+from flowerdro.clients.routes import ROUTE_SPECS, handler
 
 app = ClientApp()
 
-for _type, _handler in ROUTES.items():
+
+def serve(message: Message, context: Context) -> Message:
+    """Reply to ``message``: through the node's worker when the node config enables one, else here."""
+    from flowerdro.deploy.worker import forward, worker_settings
+
+    settings = worker_settings(context.node_config)
+    if settings.enabled:
+        reply = forward(message, context, settings)
+        if reply is not None:
+            return reply
+    return handler(message.metadata.message_type)(message, context)
+
+
+for _type in ROUTE_SPECS:
     _category, _, _action = _type.partition(".")
-    getattr(app, _category)(_action or "default")(_handler)
+    getattr(app, _category)(_action or "default")(serve)

@@ -5,7 +5,8 @@ Run-config keys read here: ``strategies`` (comma-separated names), ``num-rounds`
 others go to the strategies and clients. Initial weights come from one client
 (``query.init``), so the server never needs the data set. At the end the comparison
 table of the final per-client accuracies is printed and written with ``summary.json``
-and the comparison figure under ``output-dir``.
+and the comparison figure under ``output-dir``. The grid pulls replies every 0.05 s
+(:class:`~flowerdro.deploy.grid.PromptGrid`; Flower's deployment grid waits 3 s between pulls).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from flowerdro.deploy.grid import PromptGrid
 from flowerdro.runs import Comparison, Plan, RunSettings, run_plans
 from flowerdro.runs.config import check_run_config
 from flowerdro.settings import read_settings
@@ -36,5 +38,5 @@ def run_strategies(grid: Grid, run_config: dict) -> Comparison:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """ServerApp entry point."""
-    run_strategies(grid, dict(context.run_config))
+    """ServerApp entry point (replies pulled every 0.05 s, :class:`~flowerdro.deploy.grid.PromptGrid`)."""
+    run_strategies(PromptGrid(grid), dict(context.run_config))

@@ -35,9 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from torch import nn
 
+from flowerdro.buffers import to_array_record
 from flowerdro.clients.handlers import get_runtime, message_settings, settings_for
 from flowerdro.clients.training import LocalData, LossFn, StateDict, local_sgd, make_generator
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MIN_LOG_CAP, tilt_step
@@ -241,5 +242,5 @@ def drdsgd_reply(message: Message, context: Context, *, robust: bool | None = No
             "local-steps": len(res.losses),
         }
     )
-    content = RecordDict({"arrays": ArrayRecord(res.state), "metrics": metrics})
+    content = RecordDict({"arrays": to_array_record(res.state), "metrics": metrics})
     return Message(content=content, reply_to=message)

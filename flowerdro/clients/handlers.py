@@ -25,7 +25,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from flowerdro.buffers import array_view
+from flowerdro.buffers import array_view, to_array_record
 from flowerdro.clients.config import Settings
 from flowerdro.clients.training import (
     LOSS_BEFORE_ON,
@@ -373,10 +373,10 @@ def train_reply(
         state = _scale_update(received, state, amount)
     elif attack == "bias":
         loss_before += amount
-    content = RecordDict({"arrays": ArrayRecord(state), "metrics": train_metrics(rt, res, train_loss=loss_before)})
+    content = RecordDict({"arrays": to_array_record(state), "metrics": train_metrics(rt, res, train_loss=loss_before)})
     if with_snapshot and res.snapshot is not None:
         snap = res.snapshot if attack != "update-scale" else _scale_update(received, res.snapshot, amount)
-        content["snapshot"] = ArrayRecord(snap)
+        content["snapshot"] = to_array_record(snap)
     return Message(content=content, reply_to=message)
 
 
@@ -441,5 +441,5 @@ def init_reply(message: Message, context: Context) -> Message:
     )
     content = RecordDict({"metrics": metrics})
     if s.bool("weights", True):
-        content["arrays"] = ArrayRecord(rt.new_model(seed=s.int("model-seed", s.int("seed", 0))).state_dict())
+        content["arrays"] = to_array_record(rt.new_model(seed=s.int("model-seed", s.int("seed", 0))).state_dict())
     return Message(content=content, reply_to=message)

@@ -38,7 +38,6 @@ stands for the partition (the server does the same), and ``data_fn`` is called w
 
 from __future__ import annotations
 
-import importlib
 import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -52,8 +51,10 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.nn import functional as F
 
+from flowerdro.buffers import to_array_record
 from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
+from flowerdro.clients.routes import ROUTE_SPECS, handler
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -70,49 +71,9 @@ __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 USER_LOOP_ROUTES: tuple[str, ...] = ("train", "train.sgd")
 
 
-@dataclass(frozen=True)
-class _Route:
-    """A lazily imported handler: ``module.function(message, context, **kwargs)``.
-
-    A module-level class rather than a closure: Flower's Ray simulation pickles the
-    ClientApp with every message it hands an actor, and an instance of an importable
-    class pickles as a reference plus three strings, where a closure pickles its code.
-    """
-
-    module: str
-    function: str
-    kwargs: tuple[tuple[str, Any], ...] = ()
-
-    def __call__(self, message: Message, context: Context) -> Message:
-        return getattr(importlib.import_module(self.module), self.function)(message, context, **dict(self.kwargs))
-
-
-def _route(module: str, function: str, **kwargs: Any) -> Callable[[Message, Context], Message]:
-    """A lazily imported handler ``module.function(msg, context, **kwargs)``."""
-    return _Route(module, function, tuple(sorted(kwargs.items())))
-
-
-_H, _SP, _RB, _DR = ("flowerdro.clients.handlers", "flowerdro.clients.scaffpd", "flowerdro.clients.robust",
-                     "flowerdro.clients.drdsgd")
-
-#: Every message type a flowerdro strategy sends → flowerdro's handler of it.
-ROUTES: dict[str, Callable[[Message, Context], Message]] = {
-    "train": _route(_H, "train_reply"),
-    "train.sgd": _route(_H, "train_reply"),
-    "train.drfa": _route(_H, "train_reply", with_snapshot=True),
-    "train.drdsgd": _route(_DR, "drdsgd_reply", robust=True),
-    "train.dsgd": _route(_DR, "drdsgd_reply", robust=False),
-    "train.scaffpd": _route(_SP, "scaffpd_train_reply"),
-    "train.scaffold": _route(_SP, "scaffold_train_reply"),
-    "train.fedrobust": _route(_RB, "fedrobust_train_reply"),
-    "train.fgm": _route(_RB, "adversarial_train_reply", kind="fgm"),
-    "train.pgd": _route(_RB, "adversarial_train_reply", kind="pgd"),
-    "evaluate": _route(_H, "evaluate_reply"),
-    "query.loss": _route(_H, "loss_reply"),
-    "query.init": _route(_H, "init_reply"),
-    "query.loss_grad": _route(_SP, "loss_grad_reply"),
-    "query.affine_state": _route(_RB, "affine_state_reply"),
-}
+#: Every message type a flowerdro strategy sends → flowerdro's handler of it
+#: (:data:`flowerdro.clients.routes.ROUTE_SPECS`, each module imported on first call).
+ROUTES: dict[str, Callable[[Message, Context], Message]] = {t: handler(t) for t in ROUTE_SPECS}
 
 
 @dataclass(frozen=True)
@@ -447,7 +408,7 @@ class ClientKit:
         own_loss = out.get("train_loss") if isinstance(out, Mapping) else out
         if isinstance(own_loss, int | float) and math.isfinite(float(own_loss)):
             metrics["train_loss_local"] = float(own_loss)
-        return Message(content=RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)}),
+        return Message(content=RecordDict({"arrays": to_array_record(state), "metrics": MetricRecord(metrics)}),
                        reply_to=message)
 
     # ------------------------------------------------------------------ evaluation

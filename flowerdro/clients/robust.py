@@ -58,6 +58,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import nn
 from torch.nn import functional as F
 
+from flowerdro.buffers import to_array_record
 from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for, train_metrics
 from flowerdro.clients.training import (
     LocalData,
@@ -65,6 +66,7 @@ from flowerdro.clients.training import (
     TrainResult,
     check_loop_args,
     clone_state,
+    host_values,
     make_generator,
     minibatches,
     seeded_global_rng,
@@ -196,7 +198,7 @@ def fedrobust_local(
     eye = torch.eye(d, dtype=dt, device=dev)
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, dev)
-    loss_sum = 0.0
+    losses: list[torch.Tensor] = []  # on the device: no host round-trip per step
     with seeded_global_rng(generator):  # dropout layers draw from it
         model.train()
         for _ in range(steps):
@@ -206,7 +208,7 @@ def fedrobust_local(
             delta.requires_grad_(True)
             loss = criterion(model(apply_affine(data.x_train[idx], lam, delta)), data.y_train[idx])
             loss.backward()
-            loss_sum += float(loss.detach())
+            losses.append(loss.detach())
             with torch.no_grad():
                 g_lam, g_delta = lam.grad, delta.grad
                 assert g_lam is not None and g_delta is not None
@@ -217,7 +219,7 @@ def fedrobust_local(
                                                           penalty=penalty, eye=eye)
             lam, delta = new_lam.detach(), new_delta.detach()
     res = TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
-                      loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
+                      loss_before=float("nan"), mean_batch_loss=sum(host_values(losses)) / steps)
     return res, lam, delta
 
 
@@ -244,7 +246,7 @@ def adversarial_local(
     criterion = loss_fn or F.cross_entropy
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, data.x_train.device)
-    loss_sum = 0.0
+    losses: list[torch.Tensor] = []  # on the device: no host round-trip per step
     with seeded_global_rng(generator):  # dropout layers draw from it
         for _ in range(steps):
             idx = next(batches)
@@ -258,13 +260,13 @@ def adversarial_local(
             model.zero_grad(set_to_none=True)
             loss = criterion(model(xa), yb)
             loss.backward()
-            loss_sum += float(loss.detach())
+            losses.append(loss.detach())
             with torch.no_grad():
                 for p in params:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-lr)
     return TrainResult(state=clone_state(model), steps=steps, num_examples=data.num_train,
-                       loss_before=float("nan"), mean_batch_loss=loss_sum / steps)
+                       loss_before=float("nan"), mean_batch_loss=sum(host_values(losses)) / steps)
 
 
 # --------------------------------------------------------------------------- handlers
@@ -302,7 +304,7 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     new_state = AffineState(lam, delta, state.rounds + 1)
     metrics = train_metrics(rt, res, **{"lambda-dev-fro": new_state.lambda_dev_fro, "delta-norm": new_state.delta_norm,
                                         "affine-rounds": new_state.rounds})
-    content = RecordDict({"arrays": ArrayRecord(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
+    content = RecordDict({"arrays": to_array_record(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
     return Message(content=content, reply_to=message)
 
 
@@ -321,7 +323,7 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
         batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
         attack_steps=s.int("pgd-steps", 10, minimum=1), attack_step_size=step_size or None, loss_fn=rt.loss_fn,
     )
-    return Message(content=RecordDict({"arrays": ArrayRecord(res.state), "metrics": train_metrics(rt, res)}),
+    return Message(content=RecordDict({"arrays": to_array_record(res.state), "metrics": train_metrics(rt, res)}),
                    reply_to=message)
 
 

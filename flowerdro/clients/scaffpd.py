@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from flowerdro.buffers import array_view
+from flowerdro.buffers import array_view, to_array, to_array_record
 from flowerdro.clients.config import Settings
 from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for
 from flowerdro.clients.training import (
@@ -85,7 +85,7 @@ def _record_like(model: nn.Module, values: dict[str, torch.Tensor]) -> ArrayReco
     for k, v in model.state_dict().items():
         t = values.get(k)
         arr = (t if t is not None else torch.zeros_like(v)).detach().cpu().numpy()
-        out[k] = Array(np.ascontiguousarray(arr))
+        out[k] = to_array(arr)
     return ArrayRecord(out)
 
 
@@ -215,7 +215,7 @@ def scaffpd_train_reply(message: Message, context: Context) -> Message:
     correction = {k: c_global[k] - c_local[k] for k in c_global}
     state, mean_loss, n, _, steps = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFPD)
     content = RecordDict({
-        "arrays": ArrayRecord(state),
+        "arrays": to_array_record(state),
         "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
     })
     return Message(content=content, reply_to=message)
@@ -232,7 +232,7 @@ def scaffold_train_reply(message: Message, context: Context) -> Message:
     # c_i⁺ = c_i − c + (x − y_K)/(K η_l) = (x − y_K)/(K η_l) − (c − c_i)
     c_new = {k: (x[k] - state[k]) / (steps * lr) - correction[k] for k in correction}
     content = RecordDict({
-        "arrays": ArrayRecord(state),
+        "arrays": to_array_record(state),
         "control": _record_like(model, c_new),
         "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
     })

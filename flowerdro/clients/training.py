@@ -239,6 +239,18 @@ def check_loop_args(steps: int, lr: float, batch_size: int) -> None:
         raise ValueError(f"batch-size: must be >= 1, got {batch_size}")
 
 
+def host_values(values: list[torch.Tensor]) -> list[float]:
+    """Scalar tensors (e.g. the step losses a loop kept on its device) as Python floats.
+
+    One transfer to the host for all of them instead of one synchronising ``float()`` per
+    step. Each value is widened to float64 exactly, so summing the result in order gives
+    the same number as adding ``float(v)`` step by step.
+    """
+    if not values:
+        return []
+    return torch.stack([v.reshape(()) for v in values]).double().cpu().tolist()
+
+
 def local_sgd(
     model: nn.Module,
     data: LocalData,
@@ -304,7 +316,7 @@ def local_sgd(
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     batches = minibatches(data.num_train, batch_size, generator, device)
     snapshot: StateDict | None = None
-    loss_sum = 0.0
+    losses: list[torch.Tensor] = []  # kept on the device: no host round-trip per step
     with seeded_global_rng(generator):  # dropout layers draw from it
         model.train()
         for t in range(1, steps + 1):
@@ -312,13 +324,11 @@ def local_sgd(
             model.zero_grad(set_to_none=True)
             loss = criterion(model(data.x_train[idx]), data.y_train[idx])
             loss.backward()
-            lval = float(loss.detach())
-            loss_sum += lval
-            if t == 1 and loss_before_on == "batch":
-                loss_before = lval
+            losses.append(loss.detach())
             if grad_hook is not None:
                 grad_hook(model, t)
-            scale = step_scale(lval) if step_scale is not None else 1.0
+            # a loss-dependent step needs the loss on the host at every step
+            scale = step_scale(float(losses[-1])) if step_scale is not None else 1.0
             with torch.no_grad():
                 for i, p in enumerate(params):
                     if p.grad is None:
@@ -331,12 +341,15 @@ def local_sgd(
                     p.add_(g, alpha=-lr)
             if snapshot_step == t:
                 snapshot = clone_state(model)
+    step_losses = host_values(losses)
+    if loss_before_on == "batch":
+        loss_before = step_losses[0]
     return TrainResult(
         state=clone_state(model),
         steps=steps,
         num_examples=data.num_train,
         loss_before=loss_before,
-        mean_batch_loss=loss_sum / steps,
+        mean_batch_loss=sum(step_losses) / steps,
         snapshot=snapshot,
     )
 

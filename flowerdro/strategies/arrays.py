@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
-from flowerdro.buffers import array_view
+from flowerdro.buffers import array_view, to_array
 
 
 def record_bytes(content: RecordDict) -> int:
@@ -28,7 +28,7 @@ def arrays_to_numpy(arrays: ArrayRecord) -> list[np.ndarray]:
 
 def numpy_to_arrays(keys: Sequence[str], values: Sequence[np.ndarray]) -> ArrayRecord:
     """An ArrayRecord with ``keys`` mapped to ``values`` (order kept)."""
-    return ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})
+    return ArrayRecord({k: to_array(v) for k, v in zip(keys, values, strict=True)})
 
 
 def check_arrays(reference: ArrayRecord, candidate: ArrayRecord) -> str | None:

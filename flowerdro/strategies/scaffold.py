@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 
 from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
@@ -141,24 +141,30 @@ class SCAFFOLD(FairStrategy):
             log(WARNING, "[%s] round %d: no valid train.scaffold reply; model kept", self.run_name, server_round)
             return arrays, None
         m = len(replies)
-        dx = [np.zeros_like(a) for a in x]
-        dc = [np.zeros_like(a) for a in x]
+        # Σ_i y_i and Σ_i (c_i⁺ − c_i), accumulated in float64 straight from the reply buffers:
+        # a sum of float32 values of similar size is exact in float64, so this is at least as
+        # accurate as averaging the differences, with one pass per reply array.
+        sum_y = [np.zeros_like(a) for a in x]
+        sum_dc = [np.zeros_like(a) for a in x]
         for r in replies:
             pid = int(metrics_of(r)[PARTITION_ID])
-            y = arrays_to_numpy(r.content["arrays"])
-            # c_i is kept (and sent back) in the model's dtype, whatever the client replied in
-            ci_new = [np.array(a, dtype=d) for a, d in zip(arrays_to_numpy(r.content["control"]), dtypes, strict=True)]
+            y, ci = r.content["arrays"], r.content["control"]
+            # c_i is kept (and sent back) in the model's dtype, whatever the client replied in;
+            # a reply in that dtype is kept as the read-only view of its buffer, not copied
+            ci_new = [np.asarray(array_view(ci[k]), dtype=d) for k, d in zip(keys, dtypes, strict=True)]
             ci_old = st.client_controls.get(pid)
-            ci_old = ci_old if ci_old is not None else [np.zeros_like(a) for a in base]
             st.client_controls[pid] = ci_new
-            for k in range(len(x)):  # in place: one float64 temporary per layer, not three
-                step = np.subtract(y[k], x[k], dtype=np.float64)
-                dx[k] += np.divide(step, m, out=step)
-                step = np.divide(ci_new[k] - ci_old[k], m, out=step, dtype=np.float64)
-                dc[k] += step
+            for k, key in enumerate(keys):
+                np.add(sum_y[k], array_view(y[key]), out=sum_y[k])
+                np.add(sum_dc[k], ci_new[k], out=sum_dc[k])
+                if ci_old is not None:
+                    np.subtract(sum_dc[k], ci_old[k], out=sum_dc[k])
         n = len(nodes)
-        st.control = [ck + (m / n) * d for ck, d in zip(st.control, dc, strict=True)]
-        new = [(xk + self.config.server_lr * dk).astype(dt) for xk, dk, dt in zip(x, dx, dtypes, strict=True)]
+        # c ← c + (|S|/N)·(1/|S|)Σ(c_i⁺ − c_i) = c + Σ(c_i⁺ − c_i)/N
+        st.control = [ck + d / n for ck, d in zip(st.control, sum_dc, strict=True)]
+        # x ← x + η_g (mean_i y_i − x)
+        new = [(xk + self.config.server_lr * (sy / m - xk)).astype(dt)
+               for xk, sy, dt in zip(x, sum_y, dtypes, strict=True)]
         return numpy_to_arrays(keys, new), mean_of_metric_records([metrics_of(r) for r in replies])
 
     def round_extras(self) -> dict[str, Any]:

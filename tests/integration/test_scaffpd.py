@@ -278,3 +278,50 @@ def test_scaffold_a_node_restarted_under_a_new_id_keeps_its_partitions_control(s
     assert [r["control_norm"] for r in restarted.history] == [r["control_norm"] for r in plain.history]
     for k in plain_x.keys():
         np.testing.assert_array_equal(restarted_x[k].numpy(), plain_x[k].numpy())
+
+
+# --------------------------------------------------------------------------- SCAFFOLD's server step by hand
+def test_scaffold_server_step_by_hand_with_partial_participation():
+    """x ← x + η_g mean_S(y_i − x) and c ← c + Σ_S(c_i⁺ − c_i)/N, replayed with exact numbers.
+
+    Fake client i replies y_i = x + (i+1)·(1, 2) and c_i⁺ = r·(i+1)·(1, −1) in round r, in
+    float64 (the server keeps c_i in the model's float32). All values are small multiples
+    of 1/8, exact in float32, so the check is equality.
+    """
+    N, eta = 4, 0.5
+    seen: list[tuple[int, int, np.ndarray]] = []  # (round, partition, received c − c_i)
+    app = ClientApp()
+
+    @app.train("scaffold")
+    def _train(msg: Message, ctx: Context) -> Message:
+        pid = int(ctx.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        x = msg.content["arrays"]["w"].numpy()
+        seen.append((rnd, pid, msg.content["control"]["w"].numpy()))
+        y = ArrayRecord({"w": Array(x + (pid + 1) * np.array([1.0, 2.0], dtype=np.float32))})
+        ci = ArrayRecord({"w": Array(rnd * (pid + 1) * np.array([1.0, -1.0]))})
+        metrics = MetricRecord({"num-examples": 1, "partition-id": pid})
+        return Message(content=RecordDict({"arrays": y, "control": ci, "metrics": metrics}), reply_to=msg)
+
+    strategy = build_strategy("scaffold", {"fraction-train": 0.5, "fraction-evaluate": 0.0, "server-lr": eta,
+                                           "seed": 3})
+    grid = InProcessGrid(app, N, {})
+    result = strategy.start(grid, ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))}), num_rounds=3,
+                            timeout=60)
+    x, c, cis = np.zeros(2), np.zeros(2), {}
+    for rnd in (1, 2, 3):
+        batch = [(pid, got) for r, pid, got in seen if r == rnd]
+        assert len(batch) == N // 2
+        for pid, got in batch:
+            np.testing.assert_array_equal(got, c - cis.get(pid, 0.0))
+            assert got.dtype == np.float32
+        x = x + eta * np.mean([(pid + 1) * np.array([1.0, 2.0]) for pid, _ in batch], axis=0)
+        for pid, _ in batch:
+            new = rnd * (pid + 1) * np.array([1.0, -1.0])
+            c = c + (new - cis.get(pid, 0.0)) / N
+            cis[pid] = new
+    np.testing.assert_array_equal(result.arrays["w"].numpy(), x)
+    final = strategy.state
+    np.testing.assert_array_equal(final.control[0], c)
+    assert all(v[0].dtype == np.float32 for v in final.client_controls.values())
+    assert sorted(final.client_controls) == sorted(cis)

@@ -144,3 +144,18 @@ def test_local_steps_and_epochs_are_read_from_one_layer():
     assert _local_steps(Settings({}, {"local-epochs": 1}), num_train=100, batch_size=10) == 10
     assert Settings({"a": 1}, {"b": 2}).first_layer("b").raw("b") == 2
     assert not Settings({"a": 1}).first_layer("c").has("c")
+
+
+def test_host_values_sums_like_step_by_step_floats():
+    """One transfer of the kept step losses gives the bits of adding float(loss) at each step."""
+    from flowerdro.clients.training import host_values
+
+    g = torch.Generator().manual_seed(0)
+    losses = [torch.rand((), generator=g, dtype=torch.float32) * 10 ** k for k in range(-3, 5)] * 3
+    step_by_step = 0.0
+    for v in losses:
+        step_by_step += float(v)
+    got = host_values(losses)
+    assert got == [float(v) for v in losses]
+    assert sum(got) == step_by_step  # same float64 additions in the same order: equal bits
+    assert host_values([]) == []
