@@ -34,6 +34,7 @@ legacy client's state too.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -195,6 +196,25 @@ def _load_positional(model: nn.Module, values: list[np.ndarray]) -> None:
     model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in zip(keys, values, strict=True)}, strict=True)
 
 
+#: The LegacyClientApps unpickled in this process, by token (see :func:`_restore_app`).
+_RESTORED: dict[str, LegacyClientApp] = {}
+
+
+def _restore_app(token: str, state: dict[str, Any]) -> LegacyClientApp:
+    """The app ``token`` names: the one already unpickled in this process, else a new one.
+
+    Flower's Ray simulation pickles the ClientApp with every message it hands an actor;
+    without this, each message would build the node's kit again (``client_fn`` and a pass
+    over its loaders).
+    """
+    app = _RESTORED.get(token)
+    if app is None:
+        app = LegacyClientApp.__new__(LegacyClientApp)
+        app.__dict__.update(state, _kits={})
+        _RESTORED[token] = app
+    return app
+
+
 class LegacyClientApp(ClientApp):
     """A legacy ``ClientApp(client_fn=...)`` that also serves every flowerdro message type.
 
@@ -224,6 +244,11 @@ class LegacyClientApp(ClientApp):
         self._use_fit, self._kit_options = use_fit, kit_options
         self._kits: dict[int, ClientKit] = {}
         self._kit_options.setdefault("test_accuracy_key", "accuracy")
+        self._token = uuid.uuid4().hex
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the app without its nodes' kits (see :func:`_restore_app`)."""
+        return _restore_app, (self._token, {k: v for k, v in self.__dict__.items() if k != "_kits"})
 
     def __call__(self, message: Message, context: Context) -> Message:
         """flowerdro's message types to the kit, Flower's legacy ones to the NumPyClient."""

@@ -12,6 +12,9 @@ and exits 0 even when the ServerApp fails. This wrapper:
    run finished successfully;
 4. stops the local SuperLink if this script started it.
 
+Each simulated client gets one CPU (``client-resources-num-cpus=1``, so one Ray actor per
+core) unless ``--federation-config`` says otherwise.
+
 Usage: ``python scripts/flwr_run.py [--num-supernodes 20] [--run-config "k=v ..."] [--timeout 900]``
 """
 
@@ -110,6 +113,12 @@ def main() -> int:
     before = _superlink_pids(port)
 
     fed = f"num-supernodes={args.num_supernodes}"
+    if "client-resources-num-cpus" not in args.federation_config:
+        # One core per simulated client, as the clients' torch threads (run config `threads = 1`):
+        # Flower's default of 2 leaves one Ray actor on a 2-core machine, and a single actor
+        # serves the messages one Ray round trip after another. Each further actor reads the
+        # data set once more (a slower first round, more memory).
+        fed += " client-resources-num-cpus=1"
     gpu = args.gpu_fraction if args.gpu_fraction is not None else (0.25 if _has_cuda() else 0.0)
     if gpu > 0:
         fed += f" client-resources-num-gpus={gpu}"

@@ -39,6 +39,7 @@ stands for the partition (the server does the same), and ``data_fn`` is called w
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,6 +269,12 @@ class ClientKit:
     task: str = "classification"
     device: torch.device | None = None
     _runtimes: dict[tuple[int, int], _UserRuntime] = field(default_factory=dict, repr=False)
+    _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the pieces and an identity token, not the runtimes (see :func:`_restore_kit`)."""
+        pieces = {k: v for k, v in self.__dict__.items() if k not in ("_runtimes", "_token")}
+        return _restore_kit, (self._token, pieces)
 
     def __post_init__(self) -> None:
         if not callable(self.model_fn):
@@ -357,16 +364,7 @@ class ClientKit:
             inner = self._train_user_loop
         else:
             inner = ROUTES[message_type]
-
-        def handler(message: Message, context: Context) -> Message:
-            token = handlers.RUNTIME_PROVIDER.set(self.runtime)
-            try:
-                return inner(message, context)
-            finally:
-                handlers.RUNTIME_PROVIDER.reset(token)
-
-        handler.__name__ = f"flowerdro_{message_type.replace('.', '_')}"
-        return handler
+        return _KitHandler(self, inner)
 
     def client_app(self) -> ClientApp:
         """A new ClientApp serving every flowerdro message type (:data:`ROUTES`)."""
@@ -447,6 +445,43 @@ class ClientKit:
             if self.task == "classification" and acc is not None:
                 values[self.accuracy_metric] = float(acc)
         return Message(content=RecordDict({"metrics": MetricRecord(values)}), reply_to=message)  # type: ignore[arg-type]
+
+
+#: The kits unpickled in this process, by token (see :func:`_restore_kit`).
+_RESTORED: dict[str, ClientKit] = {}
+
+
+def _restore_kit(token: str, pieces: dict[str, Any]) -> ClientKit:
+    """The kit ``token`` names: the one already unpickled in this process, else a new one.
+
+    Flower's Ray simulation pickles the ClientApp with every message it hands an actor;
+    without this, each message would meet a new kit with no runtimes and call the user's
+    ``data_fn`` again.
+    """
+    kit = _RESTORED.get(token)
+    if kit is None:
+        kit = ClientKit.__new__(ClientKit)
+        kit.__dict__.update(pieces, _runtimes={}, _token=token)
+        _RESTORED[token] = kit
+    return kit
+
+
+@dataclass(frozen=True)
+class _KitHandler:
+    """``inner(message, context)`` with the kit's runtimes as the handlers' runtime provider.
+
+    A module-level class (not a closure), so a pickled ClientApp holds a reference to it.
+    """
+
+    kit: ClientKit
+    inner: Callable[[Message, Context], Message]
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        token = handlers.RUNTIME_PROVIDER.set(self.kit.runtime)
+        try:
+            return self.inner(message, context)
+        finally:
+            handlers.RUNTIME_PROVIDER.reset(token)
 
 
 def _epochs(message: Message, context: Context) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ROUTE_SPECS", "handler"]
@@ -47,9 +48,21 @@ def handler(message_type: str) -> Callable[[Any, Any], Any]:
     if message_type not in ROUTE_SPECS:
         raise KeyError(f"no flowerdro handler for message type {message_type!r}; known: {sorted(ROUTE_SPECS)}")
     module, function, kwargs = ROUTE_SPECS[message_type]
+    return _Route(module, function, tuple(sorted(kwargs.items())))
 
-    def call(message: Any, context: Any) -> Any:
-        return getattr(importlib.import_module(module), function)(message, context, **kwargs)
 
-    call.__name__ = function
-    return call
+@dataclass(frozen=True)
+class _Route:
+    """A lazily imported handler: ``module.function(message, context, **kwargs)``.
+
+    A module-level class rather than a closure: Flower's Ray simulation pickles the
+    ClientApp with every message it hands an actor, and an instance of an importable
+    class pickles as a reference plus three strings, where a closure pickles its code.
+    """
+
+    module: str
+    function: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, message: Any, context: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.function)(message, context, **dict(self.kwargs))

@@ -267,6 +267,39 @@ def test_a_missing_loss_function_and_an_unknown_metric_name_are_refused(synth_rc
         kit.client_app()(msg, grid.contexts[grid.node_ids[0]])
 
 
+def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
+    """Flower's Ray simulation pickles the ClientApp with every message it hands an actor:
+    the copies in one process must share one kit, so the user's data is read once per
+    partition, not once per message."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from flwr.app import Message
+
+    grid = InProcessGrid(flowerdro_app, 2, synth_rc)
+    init = initial_arrays(grid, synth_rc, 60)
+    blob = cloudpickle.dumps(own_pieces_kit(synth_rc, 2).client_app())
+    first, second = cloudpickle.loads(blob), cloudpickle.loads(blob)
+    nid = grid.node_ids[0]
+    replies = [app(Message(content=RecordDict({"arrays": init}), dst_node_id=nid, message_type="evaluate"),
+                   grid.contexts[nid]) for app in (first, second)]
+    kits = {id(app._registered_funcs[name].kit) for app in (first, second) for name in app._registered_funcs}
+    assert len(kits) == 1  # one kit behind every route of both copies
+    kit = first._registered_funcs["evaluate.default"].kit
+    assert list(kit._runtimes) == [(0, 2)]  # built by the first message, reused by the second
+    assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
+
+
+def test_copies_of_a_pickled_legacy_client_app_are_one_app_without_the_senders_kits():
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from flowerdro.legacy import LegacyClientApp
+
+    app = LegacyClientApp(lambda context: None, loss_fn=nn.CrossEntropyLoss())
+    app._kits[1] = "a kit built in the sending process"
+    blob = cloudpickle.dumps(app)
+    first, second = cloudpickle.loads(blob), cloudpickle.loads(blob)
+    assert first is second and first is not app
+    assert first._kits == {} and first._kit_options == app._kit_options
+
+
 # --------------------------------------------------------------------------- protocol traps
 def test_fairness_numbers_read_the_configured_metric_names(synth_rc):
     kit = own_pieces_kit(synth_rc, 3, accuracy_metric="eval_acc", loss_metric="eval_loss")
