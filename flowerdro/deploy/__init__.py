@@ -1,6 +1,6 @@
 """Deployment helpers: what cuts the per-message cost of a real SuperLink/SuperNode deployment.
 
-* :mod:`flowerdro.deploy.grid` — the ServerApp pulls replies every 0.05 s instead of every 3 s.
+* :mod:`flowerdro.deploy.grid` — replies pulled within 0.05 s of arriving (backing off to 1 s while none come) instead of every 3 s.
 * :mod:`flowerdro.deploy.worker` — a node-local worker process that keeps torch, the data
   and the model loaded across messages (node config ``worker=1``).
 * :mod:`flowerdro.deploy.supernode` — ``flower-supernode`` with a shorter idle poll

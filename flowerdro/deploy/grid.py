@@ -19,7 +19,30 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-__all__ = ["PromptGrid"]
+__all__ = ["PromptGrid", "pull_replies"]
+
+
+def pull_replies(
+    grid: Grid, message_ids: Iterable[str], timeout: float | None, *, interval: float, max_interval: float
+) -> list[Message]:
+    """Pull the replies to ``message_ids`` until all have come or ``timeout`` seconds passed.
+
+    After a pull that brought replies the next comes ``interval`` seconds later; after one
+    that brought nothing the wait doubles, up to ``max_interval``. ``timeout=None`` waits
+    for every reply. Replies are returned in arrival order.
+    """
+    pending = {str(i) for i in message_ids if i}
+    end = time.monotonic() + (timeout if timeout is not None else 0.0)
+    replies: list[Message] = []
+    sleep = interval
+    while pending and (timeout is None or time.monotonic() < end):
+        got = list(grid.pull_messages(sorted(pending)))
+        replies.extend(got)
+        pending.difference_update(str(m.metadata.reply_to_message_id) for m in got)
+        sleep = interval if got else min(2 * sleep, max_interval)
+        if pending:
+            time.sleep(sleep if timeout is None else max(0.0, min(sleep, end - time.monotonic())))
+    return replies
 
 
 class PromptGrid(Grid):
@@ -67,18 +90,8 @@ class PromptGrid(Grid):
 
         ``timeout=None`` waits for every reply. Replies come back in arrival order.
         """
-        pending = {str(i) for i in self.push_messages(messages) if i}
-        end = time.monotonic() + (timeout if timeout is not None else 0.0)
-        replies: list[Message] = []
-        sleep = self.interval
-        while pending and (timeout is None or time.monotonic() < end):
-            got = list(self.pull_messages(sorted(pending)))
-            replies.extend(got)
-            pending.difference_update(str(m.metadata.reply_to_message_id) for m in got)
-            sleep = self.interval if got else min(2 * sleep, self.max_interval)
-            if pending:
-                time.sleep(sleep if timeout is None else max(0.0, min(sleep, end - time.monotonic())))
-        return replies
+        ids = [str(i) for i in self.push_messages(messages) if i]
+        return pull_replies(self._grid, ids, timeout, interval=self.interval, max_interval=self.max_interval)
 
     def __getattr__(self, name: str) -> Any:
         """Anything else the wrapped grid offers (``close``, ``_is_connected`` ...)."""

@@ -27,6 +27,7 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from flowerdro.deploy.grid import pull_replies
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.strategies.arrays import check_arrays, record_bytes
 
@@ -102,14 +103,19 @@ class Communicator:
         Seconds :meth:`send` waits between two pulls of the replies (Flower's own
         ``send_and_receive`` waits 0.1 s in a simulation and 3 s in a deployment, which a
         round pays about half of per message phase after the last reply has arrived).
+    reply_poll_max : float (default: 0.25)
+        The longest wait between two pulls: it doubles from ``reply_poll`` after each pull
+        that brought nothing, so thousands of outstanding replies are not asked for 100
+        times a second through a long round.
     """
 
     def __init__(self, run_name: str, *, timeout: float = 3600.0, pull_interval: float = 0.05,
-                 reply_poll: float = 0.01) -> None:
+                 reply_poll: float = 0.01, reply_poll_max: float = 0.25) -> None:
         self.run_name = run_name
         self.timeout = float(timeout)
         self.pull_interval = float(pull_interval)
         self.reply_poll = float(reply_poll)
+        self.reply_poll_max = float(reply_poll_max)
         self.node_to_partition: dict[int, int] = {}
         #: Nodes already asked their partition by :meth:`roll_call`.
         self.asked: set[int] = set()
@@ -207,8 +213,9 @@ class Communicator:
         """Push ``messages`` once and pull their replies until all have come or ``timeout`` s have passed.
 
         Flower's ``Grid.send_and_receive`` does the same with a fixed wait between pulls
-        (0.1 s in a simulation, 3 s in a deployment); here only a pull that brought nothing
-        is followed by a wait, of :attr:`reply_poll` seconds. A grid with its own
+        (0.1 s in a simulation, 3 s in a deployment); here a pull comes :attr:`reply_poll`
+        seconds after one that brought replies, and the wait doubles after each pull that
+        brought nothing, up to :attr:`reply_poll_max` (:func:`~flowerdro.deploy.grid.pull_replies`). A grid with its own
         ``clock()`` (the in-process grid, whose time is simulated) or whose
         ``push_messages`` raises ``NotImplementedError`` answers through its own
         ``send_and_receive``.
@@ -219,18 +226,7 @@ class Communicator:
             pending = {str(i) for i in grid.push_messages(messages) if i}
         except NotImplementedError:
             return list(grid.send_and_receive(messages, timeout=timeout))
-        replies: list[Message] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            pulled = list(grid.pull_messages(list(pending)))
-            replies.extend(pulled)
-            pending.difference_update(str(r.metadata.reply_to_message_id) for r in pulled)
-            now = time.monotonic()
-            if not pending or now >= deadline:
-                break
-            if not pulled:
-                time.sleep(min(self.reply_poll, deadline - now))
-        return replies
+        return pull_replies(grid, pending, timeout, interval=self.reply_poll, max_interval=self.reply_poll_max)
 
     def stream(
         self,
