@@ -209,7 +209,13 @@ def weighted_sum(weights: Sequence[float], vectors: Sequence[Sequence[np.ndarray
     """
     if len(weights) != len(vectors) or not vectors:
         raise ValueError(f"weights: expected one weight per vector ({len(vectors)}), got {len(weights)}")
-    return [sum(w * v[k] for w, v in zip(weights, vectors, strict=True)) for k in range(len(vectors[0]))]
+    out = []
+    for k in range(len(vectors[0])):
+        acc = weights[0] * vectors[0][k]  # accumulated in place, in the order of ``weights``
+        for w, v in zip(weights[1:], vectors[1:], strict=True):
+            acc += w * v[k]
+        out.append(acc)
+    return out
 
 
 def local_direction(x: Sequence[np.ndarray], u: Sequence[np.ndarray], lr: float, steps: int) -> list[np.ndarray]:

@@ -72,7 +72,7 @@ from flowerdro.core import scaffpd as core
 from flowerdro.core.simplex import admit_partitions
 from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
+from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
@@ -221,7 +221,7 @@ class SCAFFPD(FairStrategy):
             pid = int(metrics_of(r)[PARTITION_ID])
             node_of[pid] = int(r.metadata.src_node_id)
             self.state.memory[pid] = (float(metrics_of(r)["loss"]),
-                                      [g.astype(np.float64) for g in arrays_to_numpy(r.content["grad"])])
+                                      [array_view(g).astype(np.float64) for g in r.content["grad"].values()])
         return node_of, set(node_of)
 
     def _dual(self, active: list[int]) -> tuple[dict[int, float], np.ndarray]:
@@ -283,7 +283,8 @@ class SCAFFPD(FairStrategy):
         for r in replies:
             pid = int(metrics_of(r)[PARTITION_ID])
             if pid in weight:
-                delta[pid] = core.local_direction(x, arrays_to_numpy(r.content["arrays"]), self.training.lr,
+                delta[pid] = core.local_direction(x, [array_view(a) for a in r.content["arrays"].values()],
+                                                  self.training.lr,
                                                   self.training.local_steps)
         if exclude:
             total = sum(weight[p] for p in delta)
