@@ -541,13 +541,17 @@ def bench_coldstart(args: argparse.Namespace) -> str:
         for mode, runs in res.items():
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows.append([label, mode, med["process"], med["imports"], med["data"], med["train"]])
-            print(f"[coldstart] {label} {mode}: {med['process']:.2f} s per fresh process (imports "
-                  f"{med['imports']:.2f}, data + model {med['data']:.2f}, one train reply {med['train']:.3f})", flush=True)
+            print(f"[coldstart] {label} {mode}: {med['process']:.2f} s per fresh process (module import "
+                  f"{med['imports']:.2f}, setup {med['data']:.2f}, one train reply {med['train']:.3f})", flush=True)
     return ("Target: loopback deployment ≤ 2 s per round of per-message overhead. Flower 1.41 starts a new "
             "`flwr-clientapp` process for every message (both `--isolation` modes); this is what one such "
-            "process costs for one `train` message (interpreter, imports, the client's data and model, the "
-            "reply), without the SuperNode's polling.\n\n"
-            + table(["job", "partition", "process s", "imports s", "data + model s", "train reply s"], rows))
+            "process costs for one `train` message without the SuperNode's polling: the whole process, the "
+            "import of flowerdro's ClientApp module (flwr only: the module imports no torch), the first "
+            "message's setup (torch, the client's data and model) and the train reply. With the node "
+            "config `worker=1` the setup is paid once per node, by its worker (see the deployment "
+            "section).\n\n"
+            + table(["job", "partition", "process s", "ClientApp module import s", "setup: torch, data, model s",
+                     "train reply s"], rows))
 
 
 # =========================================================================== docs
