@@ -389,14 +389,14 @@ def _saved_models(folders: list[Path], cfg: dict[str, Any], report: dict[str, An
 
 
 def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:
-    """CPU seconds (this process) of one training round of every label: all nodes, from the initial model.
+    """CPU seconds (this process) of the clients' work in one training round of every label.
 
-    The ClientApp runs in this process (InProcessGrid), so ``time.process_time`` around
-    ``send_and_receive`` is the clients' training cost, steady under a loaded machine; the
-    minimum over ``repeats`` fresh grids is reported.
+    Each label's strategy runs one round (no evaluation) on an InProcessGrid, so the
+    ClientApp runs in this process and ``time.process_time`` around the grid's exchanges
+    is the clients' cost of that round (every message the strategy sends, e.g. FedRobust's
+    ``train.fedrobust``), steady under a loaded machine; the minimum over ``repeats``
+    fresh grids is reported.
     """
-    from flwr.app import ConfigRecord
-
     from flowerdro.apps.client_app import app as client_app
     from flowerdro.experiments import InProcessGrid
     from flowerdro.runs import client_config, initial_arrays
@@ -408,16 +408,27 @@ def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:
     for label in cfg["strategies"]:
         over = dict(cfg.get("strategy", {}).get(label, {}))
         algo = str(over.pop("strategy", label))
-        rc = {"data-seed": 0, **base, **over, "seed": 0, "num-partitions": n}
+        rc = {"data-seed": 0, **base, **over, "seed": 0, "num-partitions": n, "fraction-evaluate": 0.0}
         best = float("inf")
         for _ in range(repeats):
             grid = InProcessGrid(client_app, n, rc)
             init = initial_arrays(grid, rc, 600)
-            msgs = list(build_strategy(algo, rc).configure_train(1, init, ConfigRecord(dict(client_config(rc))), grid))
-            c0 = time.process_time()
-            replies = list(grid.send_and_receive(msgs))
-            best = min(best, time.process_time() - c0)
-            assert all(not r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
+            spent = [0.0]
+            exchange = grid.send_and_receive
+
+            def timed(messages: Any, *, timeout: float | None = None, _exchange: Any = exchange,
+                      _spent: list[float] = spent) -> Any:
+                c0 = time.process_time()
+                replies = list(_exchange(messages, timeout=timeout))
+                _spent[0] += time.process_time() - c0
+                bad = [r.error.reason for r in replies if r.has_error()]
+                assert not bad, bad
+                return replies
+
+            grid.send_and_receive = timed  # type: ignore[method-assign]
+            build_strategy(algo, rc).start(grid, init, num_rounds=1, timeout=3600,
+                                           train_config=client_config(rc))
+            best = min(best, spent[0])
         out[label] = best
     return out
 
