@@ -226,10 +226,10 @@ EPS_RUNS: dict[float, tuple[str, str]] = {
 }
 
 
-def _runs(name: str, seed: int = 0) -> dict[str, list[dict]]:
-    """Round records of ``results/<name>/<label>/seed<seed>/rounds.jsonl`` for every label."""
+def _runs(name: str, seed: int = 0, results: Path = RESULTS) -> dict[str, list[dict]]:
+    """Round records of ``<results>/<name>/<label>/seed<seed>/rounds.jsonl`` for every label."""
     out: dict[str, list[dict]] = {}
-    root = RESULTS / name
+    root = results / name
     if root.is_dir():
         for f in sorted(root.glob(f"*/seed{seed}/rounds.jsonl")):
             out[f.parent.parent.name] = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
@@ -409,13 +409,14 @@ def improvement_curves_report() -> None:
     _save(fig, "fedmgda_fmnist_improvement.png")
 
 
-def scaling_report(name: str = SCALING) -> None:
+def scaling_report(name: str = SCALING, path: Path | None = None, results: Path = RESULTS) -> bool:
     """Scaling attacks of ``conf/<name>.toml``: each method honest, under loss and under update scaling.
 
     Labels ``<method>`` run honestly and ``<method>-<attack>`` with the attacker of their
     table. Prints, per label, the mean client accuracy in the rounds the attacker took part
     (evaluated after that round's step), the lowest mean accuracy from the attacker's first
-    round on, and the last round's; draws docs/figures/<name>.png, one panel per attack.
+    round on, and the last round's; draws ``path`` (default docs/figures/<name>.png), one
+    panel per attack. False when the experiment has no runs.
     """
     import tomllib
 
@@ -425,9 +426,9 @@ def scaling_report(name: str = SCALING) -> None:
     import matplotlib.pyplot as plt
 
     conf = REPO / "conf" / f"{name}.toml"
-    runs = _runs(name)
+    runs = _runs(name, results=results)
     if not runs or not conf.is_file():
-        return
+        return False
     cfg = tomllib.loads(conf.read_text())
     tables = cfg.get("strategy", {})
     attacks = ("loss-scale", "update-scale")
@@ -468,7 +469,12 @@ def scaling_report(name: str = SCALING) -> None:
     axes[0].set_ylabel("mean client test accuracy %")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    _save(fig, f"{name}.png")
+    if path is None:
+        _save(fig, f"{name}.png")
+    else:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return True
 
 
 def main() -> None:

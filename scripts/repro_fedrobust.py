@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = cfg["run-config"]
     seeds = [int(v) for v in cfg.get("seeds", [0])]
     report: dict[str, Any] = {"config": cfg, "eval_split": args.eval_split, "attack_loss": args.attack_loss,
+                              "lambda_at": args.lambda_at, "delta_at": args.delta_at,
                               "strategies": {}}
     if args.eval_from:
         folders = [args.out / f.strip() for f in args.eval_from.split(",") if f.strip()]
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed_entry.update(evaluation)
         for entry in report["strategies"].values():
             entry.update(aggregate_seeds(entry["seeds"]))
-        _plots(report, args, radii["affine_lambda"], radii["affine_delta"], radii["pgd"])
+        _plots(report, args)
     else:
         for entry in report["strategies"].values():
             entry.update(aggregate_seeds(entry["seeds"]))
@@ -433,43 +434,55 @@ def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:
     return out
 
 
-def _plots(report: dict[str, Any], args: argparse.Namespace, radii_l: list[float], radii_d: list[float],
-           radii_p: list[float]) -> None:
+def plot_sweep(report: dict[str, Any], key: str, path: Path) -> None:
+    """Draw one sweep of a robustness report (``affine_lambda``, ``affine_delta`` or ``pgd``) to ``path``.
+
+    Accuracy against the sweep's radius per strategy, mean ± std over seeds when there are
+    several. ``report`` is what this script writes to ``robustness.json`` (radii may be
+    floats or, read back from JSON, strings).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    lambda_at, delta_at = float(report.get("lambda_at", 0.4)), float(report.get("delta_at", 1.0))
+    xlabel = {"affine_lambda": r"$\|\Lambda - I\|_F \leq \varepsilon_1$" + f"  (at $\\|\\delta\\|_2 \\leq {delta_at:g}$)",
+              "affine_delta": r"$\|\delta\|_2 \leq \varepsilon_2$" + f"  (at $\\|\\Lambda - I\\|_F \\leq {lambda_at:g}$)",
+              "pgd": r"$\ell_2$ PGD radius $\varepsilon$"}[key]
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for label, e in report["strategies"].items():
+        if key not in e:
+            continue
+        values = {float(r): v for r, v in dict(e[key]).items()}
+        radii = sorted(values)
+        std = e.get(f"{key}_std") if e.get("n_seeds", 1) > 1 else None
+        err = None if std is None else [{float(r): v for r, v in dict(std).items()}[r] for r in radii]
+        ax.errorbar(radii, [values[r] for r in radii], yerr=err, marker="o", capsize=3,
+                    label=f"{label} ({e.get('n_seeds', 1)} seeds)")
+    ax.set_xlabel(xlabel)
+    split = "validation: MNIST train split" if report.get("eval_split") == "validation" else "unshifted MNIST test"
+    ax.set_ylabel(f"accuracy ({split})")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    n_seeds = max(e.get("n_seeds", 1) for e in report["strategies"].values())
+    attack = {"ce": "", "margin": ", margin attack", "both": ", min of CE and margin attacks"}[
+        str(report.get("attack_loss", "ce"))]
+    seeds = ", mean ± std over seeds" if n_seeds > 1 else ""
+    ax.set_title({"affine_lambda": "worst affine shift", "affine_delta": "worst affine shift",
+                  "pgd": "per-sample l2 PGD (10 steps)"}[key] + attack + seeds, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plots(report: dict[str, Any], args: argparse.Namespace) -> None:
     figs = ROOT / "docs" / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    specs = [
-        ("affine_lambda", radii_l, r"$\|\Lambda - I\|_F \leq \varepsilon_1$" + f"  (at $\\|\\delta\\|_2 \\leq {args.delta_at:g}$)"),
-        ("affine_delta", radii_d, r"$\|\delta\|_2 \leq \varepsilon_2$" + f"  (at $\\|\\Lambda - I\\|_F \\leq {args.lambda_at:g}$)"),
-        ("pgd", radii_p, r"$\ell_2$ PGD radius $\varepsilon$"),
-    ]
-    for key, radii, xlabel in specs:
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        for label, e in report["strategies"].items():
-            if key not in e:
-                continue
-            std = e.get(f"{key}_std") if e.get("n_seeds", 1) > 1 else None
-            ax.errorbar(radii, [e[key][r] for r in radii], yerr=None if std is None else [std[r] for r in radii],
-                        marker="o", capsize=3, label=f"{label} ({e.get('n_seeds', 1)} seeds)")
-        ax.set_xlabel(xlabel)
-        split = "validation: MNIST train split" if args.eval_split == "validation" else "unshifted MNIST test"
-        ax.set_ylabel(f"accuracy ({split})")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        n_seeds = max(e.get("n_seeds", 1) for e in report["strategies"].values())
-        attack = {"ce": "", "margin": ", margin attack", "both": ", min of CE and margin attacks"}[args.attack_loss]
-        seeds = ", mean ± std over seeds" if n_seeds > 1 else ""
-        ax.set_title({"affine_lambda": "worst affine shift", "affine_delta": "worst affine shift",
-                      "pgd": "per-sample l2 PGD (10 steps)"}[key] + attack + seeds, fontsize=8)
-        fig.tight_layout()
+    for key in ("affine_lambda", "affine_delta", "pgd"):
         path = figs / f"{args.figures_prefix}_{key}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        plot_sweep(report, key, path)
         print(f"wrote {path}")
 
 

@@ -36,7 +36,10 @@ The page marks what this script owns with two kinds of blocks:
 ``<!-- figure:EXPERIMENT [rows=...] -->`` ``![caption](figures/NAME.png)`` ``<!-- /figure -->``
     The image the block links is redrawn with :func:`flowerdro.plots.plot_comparison` from
     every ``results/EXPERIMENT/<label>/seed<k>/rounds.jsonl`` (all seeds of a label
-    together). ``--check`` draws it to a temporary file and compares the bytes.
+    together). ``--check`` draws it to a temporary file and compares the bytes. Options:
+    ``source=robustness sweep=affine_delta`` (or ``affine_lambda``, ``pgd``) draws that sweep
+    of ``results/EXPERIMENT/robustness.json`` (FedRobust); ``source=scaling`` draws the honest
+    and attacked runs of a scaling-attack experiment (FedMGDA+).
 
 An experiment with nothing under ``results/`` is reported and its blocks are left as they
 are.
@@ -56,8 +59,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):  # the package, and the repro scripts that draw their papers' figures
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from flowerdro.runs.report import COLUMNS, final_summary, first_round_reaching  # noqa: E402
 from flowerdro.runs.results import load_comparison  # noqa: E402
@@ -65,7 +69,10 @@ from flowerdro.runs.results import load_comparison  # noqa: E402
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"<!-- (table|figure):([A-Za-z0-9_.+-]+)((?: [a-z-]+=\S+)*) -->\n(.*?)<!-- /\1 -->", re.S)
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
-OPTIONS = {"table": ("columns", "rows", "scale", "digits", "last", "source", "per-seed"), "figure": ("rows",)}
+#: Where a figure block's figure comes from (the first is the default).
+FIGURE_SOURCES = ("runs", "robustness", "scaling")
+OPTIONS = {"table": ("columns", "rows", "scale", "digits", "last", "source", "per-seed"),
+           "figure": ("rows", "source", "sweep")}
 SOURCES = {"summary": "summary.json", "robustness": "robustness.json"}
 SEED = "_seed"  # the seed of a per-seed entry, added by seed_values
 HEADERS = {**dict(COLUMNS), "clean": "clean acc", "fed_acc_mean": "mean acc (shifted nodes)",
@@ -82,8 +89,9 @@ def parse_options(kind: str, name: str, text: str) -> dict[str, str]:
     unknown = sorted(set(opts) - set(OPTIONS[kind]))
     if unknown:
         raise SystemExit(f"{kind}:{name}: unknown option {unknown[0]!r}; allowed: {', '.join(OPTIONS[kind])}")
-    if opts.get("source", "summary") not in SOURCES:
-        raise SystemExit(f"table:{name}: source={opts['source']!r}; allowed: {', '.join(SOURCES)}")
+    allowed = SOURCES if kind == "table" else FIGURE_SOURCES
+    if opts.get("source", next(iter(allowed))) not in allowed:
+        raise SystemExit(f"{kind}:{name}: source={opts['source']!r}; allowed: {', '.join(allowed)}")
     return opts
 
 
@@ -222,7 +230,26 @@ def _per_seed_table(values: Mapping[str, Sequence[Mapping[str, float]]], labels:
 
 
 def _figure(exp_dir: Path, opts: Mapping[str, str], name: str, path: Path) -> bool:
-    """Draw the comparison figure of an experiment to ``path``; False when it has no runs."""
+    """Draw the figure of an experiment to ``path``; False when it has no runs.
+
+    By default the comparison figure (:func:`flowerdro.plots.plot_comparison`) of every
+    run; ``source=robustness sweep=KEY`` draws one sweep of ``robustness.json`` as
+    ``scripts/repro_fedrobust.py`` does; ``source=scaling`` draws the honest and attacked
+    runs as ``scripts/repro_fedmgda.py report`` does.
+    """
+    source = opts.get("source", "runs")
+    if source == "robustness":
+        report = exp_dir / "robustness.json"
+        if not report.is_file():
+            return False
+        from repro_fedrobust import plot_sweep
+
+        plot_sweep(json.loads(report.read_text()), opts.get("sweep", "affine_delta"), path)
+        return True
+    if source == "scaling":
+        from repro_fedmgda import scaling_report
+
+        return scaling_report(name, path=path, results=exp_dir.parent)
     from flowerdro.plots import plot_comparison
 
     runs = _in_config_order(exp_dir, load_comparison(exp_dir) if exp_dir.is_dir() else {})
