@@ -19,7 +19,7 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-__all__ = ["PromptGrid", "pull_replies"]
+__all__ = ["ForwardingGrid", "PromptGrid", "pull_replies"]
 
 
 def pull_replies(
@@ -45,25 +45,11 @@ def pull_replies(
     return replies
 
 
-class PromptGrid(Grid):
-    """Delegate to ``grid``; ``send_and_receive`` polls every ``interval`` seconds.
+class ForwardingGrid(Grid):
+    """A Grid that forwards every call to the ``grid`` it wraps (subclasses override some)."""
 
-    Parameters
-    ----------
-    grid : Grid
-        The grid the ServerApp was given.
-    interval : float (default: 0.05)
-        Seconds slept after a pull that brought replies and left others outstanding.
-    max_interval : float (default: 1.0)
-        The longest sleep: after a pull that brought nothing the sleep doubles, up to this.
-    """
-
-    def __init__(self, grid: Grid, interval: float = 0.05, max_interval: float = 1.0) -> None:
-        if not interval > 0:
-            raise ValueError(f"PromptGrid: interval must be > 0 seconds, got {interval!r}")
-        if not max_interval >= interval:
-            raise ValueError(f"PromptGrid: max_interval must be >= interval ({interval}), got {max_interval!r}")
-        self._grid, self.interval, self.max_interval = grid, float(interval), float(max_interval)
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
 
     def set_run(self, run_id: int) -> None:  # noqa: D102
         self._grid.set_run(run_id)
@@ -85,6 +71,36 @@ class PromptGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
         return self._grid.pull_messages(message_ids)
 
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:  # noqa: D102
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else the wrapped grid offers (``close``, ``_is_connected`` ...)."""
+        return getattr(self._grid, name)
+
+
+class PromptGrid(ForwardingGrid):
+    """Delegate to ``grid``; ``send_and_receive`` polls every ``interval`` seconds.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid the ServerApp was given.
+    interval : float (default: 0.05)
+        Seconds slept after a pull that brought replies and left others outstanding.
+    max_interval : float (default: 1.0)
+        The longest sleep: after a pull that brought nothing the sleep doubles, up to this.
+    """
+
+    def __init__(self, grid: Grid, interval: float = 0.05, max_interval: float = 1.0) -> None:
+        if not interval > 0:
+            raise ValueError(f"PromptGrid: interval must be > 0 seconds, got {interval!r}")
+        if not max_interval >= interval:
+            raise ValueError(f"PromptGrid: max_interval must be >= interval ({interval}), got {max_interval!r}")
+        super().__init__(grid)
+        self.interval, self.max_interval = float(interval), float(max_interval)
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then pull until every one is answered or ``timeout`` seconds passed.
 
@@ -92,7 +108,3 @@ class PromptGrid(Grid):
         """
         ids = [str(i) for i in self.push_messages(messages) if i]
         return pull_replies(self._grid, ids, timeout, interval=self.interval, max_interval=self.max_interval)
-
-    def __getattr__(self, name: str) -> Any:
-        """Anything else the wrapped grid offers (``close``, ``_is_connected`` ...)."""
-        return getattr(self._grid, name)

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
+from flowerdro.deploy.grid import ForwardingGrid
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view
 from flowerdro.strategies.base import EmptySettings, FairStrategy
@@ -35,35 +36,15 @@ __all__ = ["FedAvgBaseline", "FedProxBaseline", "FedProxSettings", "FlowerBaseli
            "QFedAvgSettings"]
 
 
-class _NodeSubsetGrid(Grid):
+class _NodeSubsetGrid(ForwardingGrid):
     """A Grid that exposes only ``node_ids`` and forwards everything else."""
 
     def __init__(self, grid: Grid, node_ids: list[int]) -> None:
-        self._grid, self._ids = grid, list(node_ids)
-
-    def set_run(self, run: Any) -> None:  # noqa: D102
-        self._grid.set_run(run)
-
-    @property
-    def run(self) -> Any:  # noqa: D102
-        return self._grid.run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:  # noqa: D102
-        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+        super().__init__(grid)
+        self._ids = list(node_ids)
 
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102
         return list(self._ids)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return self._grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
-                         ) -> Iterable[Message]:  # noqa: D102
-        return self._grid.send_and_receive(messages, timeout=timeout)
 
 
 class FlowerBaseline(FairStrategy):
