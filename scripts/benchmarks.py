@@ -383,7 +383,7 @@ def bench_server(args: argparse.Namespace) -> str:
             f"local training (τ = 10, batch 50) takes {client:.3f} s, so a FedAvg round of {n} clients in "
             f"sequence is {fedavg_round:.2f} s. All times are CPU seconds of the single-threaded process "
             "(the server's between two round records, less the replayed clients'), which other jobs on "
-            "the machine do not inflate.\n\n")
+            "the machine inflate far less than wall time.\n\n")
     return head + table(["strategy", "server CPU s/round", "× FedAvg server", "share of a FedAvg round", "target"],
                         rows)
 
