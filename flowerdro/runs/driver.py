@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from flowerdro.runs.report import comparison_table, final_summary
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies import build_strategy
-from flowerdro.strategies.base import FairStrategy
+from flowerdro.strategies.base import FairStrategy, RunFailedError
 
 __all__ = ["Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
 
@@ -125,12 +125,18 @@ def run_plans(
     run folder (``plan.output_dir``) and ``out_dir`` gets ``summary.json``, ``table.md`` and
     ``comparison.png``. With ``resume``, a plan whose folder holds a finished run is
     taken from disk, and one with a checkpoint continues after it.
+
+    A plan whose run stops with :class:`RunFailedError` (it could not train, e.g. a
+    diverging strategy) does not stop the others: they run, the comparison of the runs
+    that finished is written, and then :class:`RunFailedError` is raised naming every
+    failed run, so the comparison as a whole still fails loudly.
     """
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
                                    run_name=plan.label, resume=resume, overwrite=overwrite)) for plan in plans]
     seeds = sorted({p.seed for p in plans})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
     t0 = time.time()
+    failed: list[str] = []
     for plan, strategy in built:
         if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
             strategy.history, final = done
@@ -148,16 +154,23 @@ def run_plans(
         gc.freeze()
         if verbose:
             log(INFO, "=== %s / %s (seed %d) ===", name, plan.label, plan.seed)
-        res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
-                             train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
-                             **({"resume": checkpoint} if checkpoint is not None else {}))
+        try:
+            res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
+                                 train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
+                                 **({"resume": checkpoint} if checkpoint is not None else {}))
+        except RunFailedError as exc:
+            log(ERROR, "=== %s / %s (seed %d) failed: %s; the other runs go on ===", name, plan.label, plan.seed, exc)
+            failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
+            continue
         _collect(result, plan, strategy, res.arrays, last_rounds)
-    result.table = comparison_table(result.summaries)
-    if verbose:
+    result.table = comparison_table(result.summaries) if result.summaries else ""
+    if verbose and result.summaries:
         print(f"\n{name}: {len(result.summaries)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
               f"{time.time() - t0:.1f} s\n{result.table}\n", flush=True)
-    if out_dir is not None:
+    if out_dir is not None and result.summaries:
         _write(result, out_dir, config)
+    if failed:
+        raise RunFailedError(f"{name}: {len(failed)} of {len(built)} runs failed: " + "; ".join(failed))
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -56,3 +57,23 @@ def test_the_runner_refuses_a_bad_setting_before_any_strategy_runs(tmp_path, mon
         run(experiment, verbose=False)
     assert calls == []  # no message reached a client
     assert not list(tmp_path.rglob("rounds.jsonl"))
+
+
+def test_a_failed_run_does_not_stop_the_others_and_the_comparison_still_fails(tmp_path, monkeypatch):
+    """One strategy that cannot train: the others run and are written, then the runner raises."""
+    from flowerdro.experiments import run
+    from flowerdro.strategies import RunFailedError
+    from flowerdro.strategies.drdsgd import DRDSGD
+
+    def cannot_train(self, *args, **kwargs):
+        raise RunFailedError(f"[{self.run_name}] no valid training reply in 3 rounds in a row")
+
+    monkeypatch.setattr(DRDSGD, "start", cannot_train)
+    experiment = {"name": "t", "strategies": ["drdsgd", "fedavg"], "num-rounds": 2, "seeds": [0, 1],
+                  "num-partitions": 3, "run-config": dict(BASE), "output-root": str(tmp_path)}
+    with pytest.raises(RunFailedError, match=r"2 of 4 runs failed: drdsgd \(seed 0\).*drdsgd \(seed 1\)"):
+        run(experiment, verbose=False)
+    # FedAvg ran after the failed runs, for both seeds, and the comparison of what finished is written
+    assert sorted(p.parent.name for p in (tmp_path / "t" / "fedavg").rglob("rounds.jsonl")) == ["seed0", "seed1"]
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert list(summary["summaries"]) == ["fedavg"]
