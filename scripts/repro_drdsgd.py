@@ -23,7 +23,7 @@ apart and left out of the means. Only rounds evaluated in every kept seed enter 
 per-round curves.
 
     python scripts/repro_drdsgd.py results/drdsgd_fmnist_k10 [--threshold 0.7] [--every 4] \\
-        [--last 3] [--plot docs/figures/drdsgd_fmnist_k10.png] [--json results/drdsgd_fmnist_k10/repro.json]
+        [--last 3] [--plot /tmp/drdsgd_k10_curves.png] [--json results/drdsgd_fmnist_k10/repro.json]
 """
 
 from __future__ import annotations
