@@ -32,7 +32,9 @@ def test_a_clientapp_task_runs_flowers_entry_point_in_a_reaped_fork(tmp_path, mo
     out = tmp_path / "argv.json"
 
     def entry() -> None:  # stands in for flwr_clientapp(): records what it was given
-        out.write_text(json.dumps({"argv": sys.argv, "pid": os.getpid()}))
+        part = out.with_suffix(".part")  # written whole, then renamed: the test never reads half a file
+        part.write_text(json.dumps({"argv": sys.argv, "pid": os.getpid()}))
+        os.replace(part, out)
         raise SystemExit(3)
 
     monkeypatch.setattr(cli, "flwr_clientapp", entry)
