@@ -103,14 +103,14 @@ class Communicator:
         Seconds :meth:`send` waits between two pulls of the replies (Flower's own
         ``send_and_receive`` waits 0.1 s in a simulation and 3 s in a deployment, which a
         round pays about half of per message phase after the last reply has arrived).
-    reply_poll_max : float (default: 0.25)
+    reply_poll_max : float (default: 0.05)
         The longest wait between two pulls: it doubles from ``reply_poll`` after each pull
-        that brought nothing, so thousands of outstanding replies are not asked for 100
-        times a second through a long round.
+        that brought nothing, so outstanding replies are asked for at most 20 times a second
+        through a long round, and a reply waits at most 0.05 s to be seen.
     """
 
     def __init__(self, run_name: str, *, timeout: float = 3600.0, pull_interval: float = 0.05,
-                 reply_poll: float = 0.01, reply_poll_max: float = 0.25) -> None:
+                 reply_poll: float = 0.01, reply_poll_max: float = 0.05) -> None:
         self.run_name = run_name
         self.timeout = float(timeout)
         self.pull_interval = float(pull_interval)
