@@ -9,61 +9,177 @@ legacy project puts where it put ``FedAvg``:
                               initial_parameters=parameters)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=num_rounds))
 
-It does not approximate the algorithms with ``configure_fit``/``aggregate_fit``: Flower's
-legacy ``Server`` hands the strategy a client manager whose proxies talk to the clients
-through the run's :class:`flwr.serverapp.Grid`, and the adapter runs the Message-API
-strategy's own loop (:meth:`flowerdro.strategies.base.FairStrategy.start`) on that grid.
-DRFA's train-then-query at w(t′), SCAFF-PD's loss/gradient then corrected training, the
-seeded sampling and every update rule are those of the Message-API strategy, so both APIs
-give the same λ sequence and model. The whole run happens in the first round's
-``configure_fit``; the legacy Server's later rounds carry no instructions ("no clients
-selected" in its log), and ``evaluate(r, ...)`` hands round r's record (fairness numbers,
-λ) to the Server's ``History`` as centralized metrics. The final model is
-:attr:`LegacyStrategy.final_parameters`.
+Each round of Flower's legacy ``Server`` is one round of the Message-API strategy, carried
+by the legacy methods: ``configure_fit`` is the strategy's ``configure_train`` (the
+algorithm's exchanges that come before training, such as SCAFF-PD's loss/gradient query,
+go through the run's :class:`flwr.serverapp.Grid`, which the legacy client proxies
+carry), its training messages become ``FitIns``; ``aggregate_fit`` hands the ``FitRes``
+back as replies to ``aggregate_train`` (DRFA's loss query at w(t′) again through the
+grid); ``configure_evaluate``/``aggregate_evaluate`` are the per-client evaluation, so the
+Server's ``History`` gets the distributed losses and metrics of every round, under the
+clients' own metric names beside flowerdro's fairness numbers. Flower's legacy wrappers
+and workflows therefore see every round: a DP wrapper clips and noises the ``FitRes`` of
+the strategies that compose with it (:mod:`flowerdro.privacy`; the others are refused
+before the first message), and ``SecAggPlusWorkflow`` sums the training replies of
+FedAvg, FedProx, FGM/PGD training and SCAFFOLD with its control variates on the clients.
+The sampling and every update rule are the Message-API strategy's, so both APIs give the
+same model and λ sequence.
+
+A flowerdro ``FitIns`` carries the message type in its config (``flowerdro.type``) with
+the model's array keys and the extra records the algorithm sends (SCAFFOLD's c, FedRobust's
+shift) as bytes; the ``FitRes`` parameters are the reply's model followed by its extra
+records (DRFA's snapshot, SCAFFOLD's Δc_i), listed in its metrics (``flowerdro.records``).
 
 Client side, :class:`LegacyClientApp` wraps the project's unchanged ``client_fn`` (a
-NumPyClient): Flower's legacy messages go to the NumPyClient as before, and flowerdro's
-message types go to a :class:`~flowerdro.clients.kit.ClientKit` built from the
-NumPyClient's pieces: its model (attribute ``net``), its loaders (``trainloader``,
-``valloader``), its ``fit`` as the training function of the algorithms that allow any
-local loop and its ``evaluate`` as the test function. Per-client state (SCAFFOLD's c_i,
-FedRobust's (Λ_i, δ_i)) lives in the node's ``Context.state``, where Flower keeps a
-legacy client's state too.
+NumPyClient): Flower's own legacy messages go to the NumPyClient as before, and flowerdro's
+(the ``FitIns``/``EvaluateIns`` above, and its Message-API queries) go to a
+:class:`~flowerdro.clients.kit.ClientKit` built from the NumPyClient's pieces: its model
+(attribute ``net``), its loaders (``trainloader``, ``valloader``), its ``fit`` as the
+training function of the algorithms that allow any local loop and its ``evaluate`` as the
+test function. ``mods=`` takes Flower's mods as ``ClientApp`` does: the ones that act on
+a training reply's model (clipping, ``LocalDpMod``, ``secaggplus_mod``) wrap the training
+messages only.
 """
 
 from __future__ import annotations
 
+import copy
+import io
+import json
 import math
+import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.common import (
+    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
     Scalar,
+    Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
 from flowerdro.clients.kit import ClientKit, TrainArgs
+from flowerdro.clients.mods import ModChain
 from flowerdro.clients.training import LossFn
-from flowerdro.strategies.messaging import missing_route_hint
+from flowerdro.protocol import NUM_EXAMPLES
+from flowerdro.strategies.messaging import metrics_of, missing_route_hint
 
 __all__ = ["LegacyClientApp", "LegacyStrategy"]
 
+#: Config keys of a flowerdro FitIns/EvaluateIns, and the FitRes metric listing its records.
+TYPE_KEY, KEYS_KEY, RECORD_PREFIX, RECORDS_KEY = "flowerdro.type", "flowerdro.keys", "flowerdro.record.", \
+    "flowerdro.records"
 
+
+# --------------------------------------------------------------------------- conversions
+def _record_bytes(rec: ArrayRecord) -> bytes:
+    """An ArrayRecord as ``.npz`` bytes (read back without pickle)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{f"a{i}": rec[k].numpy() for i, k in enumerate(rec.keys())},
+             __keys__=np.array(json.dumps(list(rec.keys()))))
+    return buf.getvalue()
+
+
+def _record_of(data: bytes) -> ArrayRecord:
+    """The inverse of :func:`_record_bytes`."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        keys = json.loads(str(z["__keys__"]))
+        return ArrayRecord({k: Array(np.array(z[f"a{i}"])) for i, k in enumerate(keys)})
+
+
+def message_to_ins(message: Message) -> tuple[Parameters, dict[str, Scalar]]:
+    """A flowerdro training or evaluate message as the (parameters, config) of a FitIns/EvaluateIns."""
+    content = message.content
+    model = content.array_records["arrays"]
+    config: dict[str, Scalar] = {}
+    cfg = content.config_records.get("config")
+    for k, v in (cfg or {}).items():
+        config[k] = json.dumps(v) if isinstance(v, list) else v  # type: ignore[assignment]
+    config[TYPE_KEY] = message.metadata.message_type
+    config[KEYS_KEY] = json.dumps(list(model.keys()))
+    for name, rec in content.array_records.items():
+        if name != "arrays":
+            config[RECORD_PREFIX + name] = _record_bytes(rec)
+    return ndarrays_to_parameters([model[k].numpy() for k in model.keys()]), config
+
+
+def ins_to_content(parameters: Parameters, config: Mapping[str, Scalar]) -> tuple[str, RecordDict]:
+    """The message type and Message-API content of a flowerdro FitIns/EvaluateIns (client side)."""
+    keys = json.loads(str(config[KEYS_KEY]))
+    values = parameters_to_ndarrays(parameters)
+    if len(values) != len(keys):
+        raise ValueError(f"{TYPE_KEY}: {len(values)} arrays for {len(keys)} keys")
+    content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})})
+    cfg = {}
+    for k, v in config.items():
+        if k.startswith(RECORD_PREFIX):
+            content[k[len(RECORD_PREFIX):]] = _record_of(bytes(v))  # type: ignore[arg-type]
+        elif not k.startswith("flowerdro."):
+            cfg[k] = v
+    content["config"] = ConfigRecord(cfg)
+    return str(config[TYPE_KEY]), content
+
+
+def reply_to_fitres(reply: Message, *, uniform: bool) -> FitRes:
+    """A flowerdro training reply as a FitRes: the model, then its extra records, as parameters."""
+    if reply.has_error():
+        return FitRes(Status(Code.FIT_NOT_IMPLEMENTED, str(reply.error.reason)), Parameters([], ""), 0, {})
+    content = reply.content
+    names = ["arrays", *sorted(n for n in content.array_records if n != "arrays")]
+    arrays, layout = [], []
+    for name in names:
+        rec = content.array_records[name]
+        arrays.extend(rec[k].numpy() for k in rec.keys())
+        layout.append([name, list(rec.keys())])
+    metrics = {k: v for k, v in metrics_of(reply).items() if isinstance(v, int | float)}
+    metrics[RECORDS_KEY] = json.dumps(layout)
+    n = 1 if uniform else int(metrics.get(NUM_EXAMPLES, 1))
+    return FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(arrays), n, metrics)  # type: ignore[arg-type]
+
+
+def fitres_to_content(res: FitRes) -> RecordDict:
+    """The Message-API content of a flowerdro FitRes (server side): the model, its extra records, the metrics."""
+    metrics = dict(res.metrics)
+    layout = json.loads(str(metrics.pop(RECORDS_KEY)))
+    values = parameters_to_ndarrays(res.parameters)
+    content, i = RecordDict(), 0
+    for name, keys in layout:
+        content[name] = ArrayRecord({k: Array(np.asarray(values[i + j])) for j, k in enumerate(keys)})
+        i += len(keys)
+    if i != len(values):
+        raise ValueError(f"{RECORDS_KEY}: {len(values)} arrays returned, {i} listed")
+    # a bool (the legacy adaptive clipping mod's norm bit) as 0/1: a MetricRecord holds numbers only
+    content["metrics"] = MetricRecord({k: int(v) if isinstance(v, bool) else v for k, v in metrics.items()
+                                       if isinstance(v, int | float)})
+    return content
+
+
+# --------------------------------------------------------------------------- server side
 class LegacyStrategy(Strategy):
     """A flowerdro strategy where a legacy project puts its ``flwr.server.strategy.Strategy``.
 
@@ -80,7 +196,7 @@ class LegacyStrategy(Strategy):
         The initial model as the legacy project builds it (``ndarrays_to_parameters(get_weights(Net()))``),
         in ``state_dict`` order. Unset: a client's model (``query.init``).
     timeout : float
-        Seconds to wait for the replies of one exchange.
+        Seconds to wait for the replies of one of the algorithm's own exchanges.
     """
 
     def __init__(self, strategy: Any, run_config: Mapping[str, Any] | None = None, *, num_rounds: int,
@@ -92,16 +208,21 @@ class LegacyStrategy(Strategy):
         if num_rounds < 1:
             raise ValueError(f"num_rounds: must be >= 1, got {num_rounds}")
         self.num_rounds, self.timeout = int(num_rounds), float(timeout)
+        self.strategy.num_rounds = self.num_rounds
+        self.strategy.comm.timeout = self.timeout
         self.initial_parameters = initial_parameters
-        self.result: Any = None
-        self._arrays: ArrayRecord | None = None
+        self._keys: list[str] | None = None
+        self._sent: dict[int, Message] = {}
 
     def __repr__(self) -> str:
         return f"LegacyStrategy({self.strategy.name})"
 
     # ------------------------------------------------------------------ the grid behind the proxies
     def _grid(self, client_manager: ClientManager) -> Any:
-        client_manager.wait_for(1, timeout=int(self.timeout))
+        # all() first: Flower's legacy ServerApp registers the nodes when it is called (its own
+        # polling thread would register them only after 5 s)
+        if not client_manager.all():
+            client_manager.wait_for(1, timeout=int(self.timeout))
         for proxy in client_manager.all().values():
             grid = getattr(proxy, "grid", None)
             if grid is not None:
@@ -109,6 +230,68 @@ class LegacyStrategy(Strategy):
         raise RuntimeError("LegacyStrategy: the client proxies carry no Grid; run it in a Flower ServerApp "
                            "(ServerApp(server_fn=...) with ServerAppComponents), which talks to the clients "
                            "through a Grid")
+
+    def _identify(self, frame: Any) -> None:
+        """Check the legacy wrapper or workflow that calls this strategy (:func:`flowerdro.privacy.check_caller`)."""
+        from flowerdro.privacy import check_caller
+
+        caller = frame.f_locals.get("self") if frame is not None else None
+        if caller is None or caller is self or any(c is caller for c in self.strategy.callers):
+            return
+        if check_caller(self.strategy, caller):
+            self.strategy.callers.append(caller)
+
+    def _arrays(self, parameters: Parameters) -> ArrayRecord:
+        values = parameters_to_ndarrays(parameters)
+        keys = self._keys or [str(i) for i in range(len(values))]
+        if len(keys) != len(values):
+            raise ValueError(f"parameters: {len(values)} arrays for the model's {len(keys)} ({keys[:5]}, ...)")
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})
+
+    def _parameters(self, arrays: ArrayRecord | None) -> Parameters | None:
+        return None if arrays is None else ndarrays_to_parameters([arrays[k].numpy() for k in arrays.keys()])
+
+    def _instructions(self, messages: list[Message], client_manager: ClientManager, make: Callable[..., Any]
+                      ) -> list[tuple[ClientProxy, Any]]:
+        proxies = {int(p.node_id): p for p in client_manager.all().values()}
+        self._sent = {int(m.metadata.dst_node_id): m for m in messages}
+        out = []
+        for m in messages:
+            proxy = proxies.get(int(m.metadata.dst_node_id))
+            if proxy is None:
+                raise RuntimeError(f"LegacyStrategy: node {m.metadata.dst_node_id} has no client proxy")
+            parameters, config = message_to_ins(m)
+            out.append((proxy, make(parameters, config)))
+        return out
+
+    def _replies(self, results: Sequence[tuple[ClientProxy, Any]], failures: Sequence[Any],
+                 to_content: Callable[[Any], RecordDict]) -> list[Message]:
+        """The legacy results as replies to the messages sent (failures as error replies)."""
+        replies, answered = [], set()
+        for proxy, res in results:
+            nid = int(proxy.node_id)
+            sent = self._sent.get(nid)
+            if sent is None:
+                continue
+            answered.add(nid)
+            try:
+                replies.append(Message(content=to_content(res), reply_to=sent))
+            except (KeyError, ValueError) as exc:
+                replies.append(Message(Error(code=0, reason=f"unreadable reply: {exc}"), reply_to=sent))
+        reasons = []
+        for f in failures:
+            if isinstance(f, tuple) and len(f) == 2 and int(f[0].node_id) in self._sent:
+                nid, res = int(f[0].node_id), f[1]
+                answered.add(nid)
+                reason = getattr(getattr(res, "status", None), "message", str(res))
+                replies.append(Message(Error(code=0, reason=str(reason)), reply_to=self._sent[nid]))
+            else:
+                reasons.append(str(f))
+        if reasons:
+            for nid in (n for n in self._sent if n not in answered):
+                replies.append(Message(Error(code=0, reason="the legacy Server reported: " + "; ".join(reasons)),
+                                       reply_to=self._sent[nid]))
+        return replies
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The initial model: the names and shapes of a client's model, the values of ``initial_parameters``."""
@@ -122,68 +305,90 @@ class LegacyStrategy(Strategy):
         if self.initial_parameters is not None:
             values = parameters_to_ndarrays(self.initial_parameters)
             keys = list(named.keys())
-            if len(values) != len(keys) or any(tuple(v.shape) != tuple(named[k].shape) for k, v in zip(keys, values, strict=True)):
+            if len(values) != len(keys) or any(tuple(v.shape) != tuple(named[k].shape)
+                                               for k, v in zip(keys, values, strict=True)):
                 raise ValueError(
                     "initial_parameters: expected the client model's arrays in state_dict order "
                     f"{[(k, tuple(named[k].shape)) for k in keys]}, got shapes {[tuple(v.shape) for v in values]}")
             named = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})
-        self._arrays = named
-        return ndarrays_to_parameters([named[k].numpy() for k in named.keys()])
+        self._keys = list(named.keys())
+        return self._parameters(named)
 
     # ------------------------------------------------------------------ the rounds
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                       ) -> list[tuple[ClientProxy, FitIns]]:
-        """Round 1 runs the Message-API strategy's whole loop on the grid; no legacy fit instructions."""
-        if self.result is None:
-            grid = self._grid(client_manager)
-            arrays = self._arrays
-            if arrays is None:
-                values = parameters_to_ndarrays(parameters)
-                arrays = ArrayRecord({str(i): Array(np.asarray(v)) for i, v in enumerate(values)})
-            self.result = self.strategy.start(grid, arrays, num_rounds=self.num_rounds, timeout=self.timeout)
-        return []
+        """The strategy's ``configure_train`` as FitIns (its exchanges before training run on the grid)."""
+        self._identify(sys._getframe(1))
+        if server_round > self.num_rounds:
+            raise ValueError(f"num_rounds: LegacyStrategy(num_rounds={self.num_rounds}) but the Server runs round "
+                             f"{server_round}; give both the same number of rounds")
+        grid = self._grid(client_manager)
+        messages = list(self.strategy.configure_train(server_round, self._arrays(parameters), ConfigRecord(), grid))
+        uniform = self._uniform()
+        instructions = self._instructions(messages, client_manager, FitIns)
+        if uniform:
+            for _, ins in instructions:
+                ins.config["flowerdro.weight"] = "uniform"
+        return instructions
+
+    def _uniform(self) -> bool:
+        """Whether the training replies' weights must be equal (SecAgg+ over a strategy that averages uniformly)."""
+        from flowerdro.privacy import _is_secagg
+
+        return any(_is_secagg(c) for c in self.strategy.callers) and self.strategy.name == "scaffold"
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Never given results (the rounds run in :meth:`configure_fit`): the final model."""
-        return self.final_parameters, {}
+        """The FitRes as replies to the strategy's ``aggregate_train``: the new model and the training metrics."""
+        self._identify(sys._getframe(1))
+        replies = self._replies(results, failures, fitres_to_content)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        return self._parameters(arrays), _scalars(metrics)
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """No legacy evaluation: the strategy evaluates every client itself each round."""
-        return []
+        """The strategy's per-client evaluation as EvaluateIns (none when not due this round)."""
+        self._identify(sys._getframe(1))
+        grid = self._grid(client_manager)
+        messages = list(self.strategy.configure_evaluate(server_round, self._arrays(parameters), ConfigRecord(),
+                                                         grid))
+        return self._instructions(messages, client_manager, EvaluateIns)
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        """Never given results."""
-        return None, {}
+        """The fairness numbers and the clients' own metrics (example-weighted), with the mean client loss."""
+        self._identify(sys._getframe(1))
+
+        def content(res: EvaluateRes) -> RecordDict:
+            return RecordDict({"metrics": MetricRecord({k: v for k, v in res.metrics.items()
+                                                        if isinstance(v, int | float) and not isinstance(v, bool)})})
+
+        metrics = self.strategy.aggregate_evaluate(server_round, self._replies(results, failures, content))
+        scalars = _scalars(metrics)
+        loss = scalars.get(self.strategy.loop.loss_metric, scalars.get("loss_mean"))
+        return (float(loss) if isinstance(loss, int | float) else None), scalars
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        """Round ``server_round``'s record as (mean client loss, scalar fields such as ``acc_worst``)."""
-        history = self.strategy.history
-        if server_round < 1 or server_round > len(history):
-            return None
-        rec = history[server_round - 1]
-        metrics: dict[str, Scalar] = {k: v for k, v in rec.items()
-                                      if isinstance(v, int | float) and not isinstance(v, bool)}
-        loss = float(rec.get("loss_mean", math.nan))
-        return loss, metrics
+        """No centralized evaluation (the clients evaluate, see :meth:`aggregate_evaluate`)."""
+        return None
 
     @property
     def final_parameters(self) -> Parameters | None:
-        """The model the run returned (None before the run)."""
-        if self.result is None or self.result.arrays is None:
-            return None
-        arrays = self.result.arrays
-        return ndarrays_to_parameters([arrays[k].numpy() for k in arrays.keys()])
+        """The model the run returned (the strategy's output model; None before the first round)."""
+        return self._parameters(self.strategy.finish())
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The strategy's round records (fairness numbers, λ, failures) so far."""
+        return self.strategy.history
+
+
+def _scalars(metrics: Mapping[str, Any] | None) -> dict[str, Scalar]:
+    return {} if metrics is None else {k: v for k, v in metrics.items()
+                                       if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 # --------------------------------------------------------------------------- client side
-def _is_flowerdro(message: Message) -> bool:
-    """flowerdro's message types carry an action (``train.drfa``) or Message-API ``arrays``."""
-    return "." in message.metadata.message_type or "arrays" in message.content.array_records
-
-
 def _numpy_client(client: Any) -> Any:
     return getattr(client, "numpy_client", client)
 
@@ -230,20 +435,25 @@ class LegacyClientApp(ClientApp):
         Run the NumPyClient's ``fit`` for the algorithms that allow any local loop (its
         config gets ``lr``, ``local-epochs``, ``local-steps``, ``batch-size``,
         ``server-round``); False: flowerdro's SGD there too.
+    mods : list, optional
+        Flower mods, as ``ClientApp(mods=...)`` takes them; the ones that act on a
+        training reply's model (``fixedclipping_mod``, ``adaptiveclipping_mod``,
+        ``LocalDpMod``, ``secaggplus_mod``) wrap the training messages only.
     **kit_options
         Further :class:`~flowerdro.clients.kit.ClientKit` options (``batch_keys``,
-        ``accuracy_metric``, ``test_accuracy_key``, ...).
+        ``test_accuracy_key``, ...).
     """
 
     def __init__(self, client_fn: Callable[[Context], Any], *, loss_fn: LossFn, model_attr: str = "net",
                  train_attr: str = "trainloader", test_attr: str = "valloader", use_fit: bool = True,
-                 **kit_options: Any) -> None:
+                 mods: Sequence[Any] | None = None, **kit_options: Any) -> None:
         super().__init__(client_fn=client_fn)
         self._client_fn, self._loss_fn = client_fn, loss_fn
         self._attrs = (model_attr, train_attr, test_attr)
         self._use_fit, self._kit_options = use_fit, kit_options
         self._kits: dict[int, ClientKit] = {}
         self._kit_options.setdefault("test_accuracy_key", "accuracy")
+        self._mods = ModChain(list(mods or []))
         self._token = uuid.uuid4().hex
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -251,10 +461,33 @@ class LegacyClientApp(ClientApp):
         return _restore_app, (self._token, {k: v for k, v in self.__dict__.items() if k != "_kits"})
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """flowerdro's message types to the kit, Flower's legacy ones to the NumPyClient."""
-        if _is_flowerdro(message):
-            return self.kit(context).serve(message.metadata.message_type)(message, context)
-        return super().__call__(message, context)
+        """Through the mods: flowerdro's messages to the kit, Flower's legacy ones to the NumPyClient."""
+        return self._mods.call(message, context, self._dispatch)
+
+    def _dispatch(self, message: Message, context: Context) -> Message:
+        mtype = message.metadata.message_type
+        if "." in mtype or "arrays" in message.content.array_records:  # flowerdro's Message-API messages
+            reply = self.kit(context).serve(mtype)(message, context)
+            return self._mods.report(message, reply)
+        ins = _flowerdro_ins(message)
+        if ins is None:
+            return self._call(message, context)  # type: ignore[misc]  # Flower's legacy path (client_fn)
+        parameters, config, kind = ins
+        ftype, content = ins_to_content(parameters, config)
+        metadata = copy.copy(message.metadata)
+        metadata.message_type = ftype
+        inner = Message(content=content, metadata=metadata)
+        reply = self.kit(context).serve(ftype)(inner, context)
+        if kind == "fitins":
+            res = reply_to_fitres(reply, uniform=config.get("flowerdro.weight") == "uniform")
+            return Message(content=compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
+        if reply.has_error():
+            return Message(reply.error, reply_to=message)
+        metrics = dict(metrics_of(reply))
+        loss_metric = str(content["config"].get("loss-metric", "test_loss"))
+        loss = float(metrics.get(loss_metric, math.nan))
+        res = EvaluateRes(Status(Code.OK, "Success"), loss, int(metrics.get(NUM_EXAMPLES, 0)), metrics)
+        return Message(content=compat.evaluateres_to_recorddict(res), reply_to=message)
 
     def kit(self, context: Context) -> ClientKit:
         """The node's kit, built once from its NumPyClient."""
@@ -293,3 +526,13 @@ class LegacyClientApp(ClientApp):
                                                                          getattr(client, test_attr)),
                          loss_fn=self._loss_fn, train_fn=train_fn if self._use_fit else None, **options)
 
+
+def _flowerdro_ins(message: Message) -> tuple[Parameters, dict[str, Scalar], str] | None:
+    """(parameters, config, "fitins" | "evaluateins") of a flowerdro FitIns/EvaluateIns, else None."""
+    for kind in ("fitins", "evaluateins"):
+        cfg = message.content.config_records.get(f"{kind}.config")
+        if cfg is not None and TYPE_KEY in cfg:
+            convert = compat.recorddict_to_fitins if kind == "fitins" else compat.recorddict_to_evaluateins
+            ins = convert(message.content, keep_input=True)
+            return ins.parameters, dict(ins.config), kind
+    return None

@@ -17,6 +17,17 @@ from flowerdro.settings import Settings, setting
 #: Metric keys of every reply.
 NUM_EXAMPLES, PARTITION_ID = "num-examples", "partition-id"
 
+#: Training-reply metric set to 1 by a client whose own ``train_fn`` ran the local loop (the kit).
+USER_TRAIN_FN = "user-train-fn"
+
+#: Training-message config key naming the clipping the server's client-side DP wrapper expects
+#: (``"fixed"`` or ``"adaptive"``: which of Flower's clipping mods the client applies).
+CLIPPING_KEY = "dp-clipping"
+
+#: The ConfigRecord of a ``query.init`` reply in which a client says what it runs (``mods``:
+#: the names of the Flower mods around its training routes).
+CLIENT_RECORD = "client"
+
 #: Model names the clients can build (``flowerdro.models``; a test keeps the two in line).
 MODEL_NAMES: tuple[str, ...] = (
     "cnn_cifar10", "cnn_femnist", "cnn_fmnist", "cnn_mnist", "lenet", "linear", "logreg", "mlp",

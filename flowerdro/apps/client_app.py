@@ -22,17 +22,21 @@ The routes are registered from :data:`flowerdro.clients.routes.ROUTE_SPECS`, whi
 algorithm's new message type is one line there. Importing this module loads neither torch
 nor the data code (Flower 1.41 starts a new process for every message): a handler's module
 is imported on its first call. With ``worker=1`` in the node config the message is served
-by the node's long-lived worker process instead (:mod:`flowerdro.deploy.worker`).
+by the node's long-lived worker process instead (:mod:`flowerdro.deploy.worker`). A training
+message that carries the clipping norm of a client-side DP wrapper is clipped by Flower's
+matching mod (:func:`flowerdro.clients.mods.clip_as_asked`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from flowerdro.clients.mods import ModChain, ReportMods
 from flowerdro.clients.routes import ROUTE_SPECS, handler
-
-app = ClientApp()
 
 
 def serve(message: Message, context: Context) -> Message:
@@ -47,6 +51,22 @@ def serve(message: Message, context: Context) -> Message:
     return handler(message.metadata.message_type)(message, context)
 
 
-for _type in ROUTE_SPECS:
-    _category, _, _action = _type.partition(".")
-    getattr(app, _category)(_action or "default")(serve)
+def client_app(mods: Sequence[Any] | None = None) -> ClientApp:
+    """flowerdro's ClientApp, with Flower ``mods`` as ``ClientApp(mods=...)`` takes them.
+
+    Mods that act on a training reply's model (Flower's clipping mods, ``LocalDpMod``,
+    ``secaggplus_mod``) wrap the training routes only, and the ``query.init`` reply names
+    the mods for the server's checks (:class:`~flowerdro.clients.mods.ModChain`). A
+    training route without a clipping mod clips when the server's client-side DP wrapper
+    asks (:func:`~flowerdro.clients.mods.clip_as_asked`).
+    """
+    chain = ModChain(list(mods or []))
+    out = ClientApp()
+    for mtype in ROUTE_SPECS:
+        category, _, action = mtype.partition(".")
+        route = ReportMods(serve, chain) if mtype == "query.init" else serve
+        getattr(out, category)(action or "default", mods=chain.for_type(mtype))(route)
+    return out
+
+
+app = client_app()

@@ -380,11 +380,13 @@ def train_reply(
     return Message(content=content, reply_to=message)
 
 
-def evaluate_reply(message: Message, context: Context) -> Message:
+def evaluate_reply(message: Message, context: Context, *, named: bool = False) -> Message:
     """Loss and accuracy of the received model on this client's own test set.
 
     Metrics: ``num-examples`` (test examples), ``partition-id``, ``test_loss``, ``test_acc``
     (``test_acc`` only for classification; a regression task reports ``test_loss``, the MSE).
+    With ``named`` (flowerdro's ClientApp), the loss and accuracy carry the names the
+    message's config asks for (``loss-metric``, ``accuracy-metric``: the server's).
     """
     rt = get_runtime(context)
     model = rt.model_from(_received_arrays(message))
@@ -396,6 +398,10 @@ def evaluate_reply(message: Message, context: Context) -> Message:
     }
     if rt.task == "classification":
         values["test_acc"] = float(acc)
+    if named:
+        own = message_settings(message)
+        names = {"test_loss": own.str("loss-metric", "test_loss"), "test_acc": own.str("accuracy-metric", "test_acc")}
+        values = {names.get(k, k) or k: v for k, v in values.items()}
     metrics = MetricRecord(values)
     return Message(content=RecordDict({"metrics": metrics}), reply_to=message)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ from torch.nn import functional as F
 from flowerdro.buffers import to_array_record
 from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
+from flowerdro.clients.mods import ModChain, ReportMods, is_update_mod, mod_name
 from flowerdro.clients.routes import ROUTE_SPECS, handler
 from flowerdro.clients.training import (
     LocalData,
@@ -64,6 +65,7 @@ from flowerdro.clients.training import (
     make_generator,
     minibatches,
 )
+from flowerdro.protocol import USER_TRAIN_FN
 
 __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 
@@ -366,9 +368,13 @@ class ClientKit:
             inner = ROUTES[message_type]
         return _KitHandler(self, inner)
 
-    def client_app(self) -> ClientApp:
-        """A new ClientApp serving every flowerdro message type (:data:`ROUTES`)."""
-        return add_routes(ClientApp(), self)
+    def client_app(self, mods: Sequence[Any] | None = None) -> ClientApp:
+        """A new ClientApp serving every flowerdro message type (:data:`ROUTES`), with Flower ``mods``.
+
+        Mods that act on a training reply's model (Flower's clipping mods, ``LocalDpMod``,
+        ``secaggplus_mod``) wrap the training routes only (:mod:`flowerdro.clients.mods`).
+        """
+        return add_routes(ClientApp(), self, mods=mods)
 
     # ------------------------------------------------------------------ the user's loop
     def _train_user_loop(self, message: Message, context: Context) -> Message:
@@ -404,7 +410,7 @@ class ClientKit:
         elif attack == "bias":
             before += amount
         metrics: dict[str, Any] = {"num-examples": rt.data.num_train, "partition-id": rt.partition_id,
-                                   "train_loss": float(before), "local-steps": args.steps}
+                                   "train_loss": float(before), "local-steps": args.steps, USER_TRAIN_FN: 1}
         own_loss = out.get("train_loss") if isinstance(out, Mapping) else out
         if isinstance(own_loss, int | float) and math.isfinite(float(own_loss)):
             metrics["train_loss_local"] = float(own_loss)
@@ -413,8 +419,12 @@ class ClientKit:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, message: Message, context: Context) -> Message:
-        """Loss and accuracy on the user's test data, under the kit's metric names."""
+        """Loss and accuracy on the user's test data, under the server's metric names (the message's
+        ``accuracy-metric`` / ``loss-metric``; the kit's own names when the message has none)."""
         rt = self.runtime(context)
+        own = handlers.message_settings(message)
+        acc_name = own.str("accuracy-metric", self.accuracy_metric) or self.accuracy_metric
+        loss_name = own.str("loss-metric", self.loss_metric) or self.loss_metric
         if self.test_fn is None:
             reply = handlers.evaluate_reply(message, context)
             m = dict(reply.content["metrics"])
@@ -424,9 +434,9 @@ class ClientKit:
                     pred = model(rt.data.x_test).argmax(1) if rt.data.num_test else None
                 m["test_acc"] = float((pred == rt.data.y_test).float().mean()) if pred is not None else 0.0
             values = {"num-examples": m["num-examples"], "partition-id": m["partition-id"],
-                      self.loss_metric: m["test_loss"]}
+                      loss_name: m["test_loss"]}
             if "test_acc" in m:
-                values[self.accuracy_metric] = m["test_acc"]
+                values[acc_name] = m["test_acc"]
         else:
             model = rt.model_from(handlers._received_arrays(message))
             result = self.test_fn(model, rt.test_loader, rt.data.x_train.device)
@@ -434,7 +444,7 @@ class ClientKit:
                 raise ValueError(f"test_fn: expected (loss, accuracy or metrics dict), got {result!r}")
             loss, acc = result
             values = {"num-examples": rt.data.num_test, "partition-id": rt.partition_id,
-                      self.loss_metric: float(loss)}
+                      loss_name: float(loss)}
             if isinstance(acc, Mapping):
                 if self.test_accuracy_key not in acc:
                     raise ValueError(f"test_accuracy_key: {self.test_accuracy_key!r} is not among test_fn's "
@@ -443,7 +453,7 @@ class ClientKit:
                                if isinstance(v, int | float) and k != self.test_accuracy_key})
                 acc = acc[self.test_accuracy_key]
             if self.task == "classification" and acc is not None:
-                values[self.accuracy_metric] = float(acc)
+                values[acc_name] = float(acc)
         return Message(content=RecordDict({"metrics": MetricRecord(values)}), reply_to=message)  # type: ignore[arg-type]
 
 
@@ -504,15 +514,31 @@ def _proximal_hooks(model: nn.Module, mu: float) -> list[Any]:
     return hooks
 
 
-def add_routes(app: ClientApp, kit: ClientKit, *, replace: bool = False) -> ClientApp:
-    """Register ``kit``'s handler of every flowerdro message type on ``app``.
+def add_routes(app: ClientApp, kit: ClientKit, *, replace: bool = False,
+               mods: Sequence[Any] | None = None) -> ClientApp:
+    """Register ``kit``'s handler of every flowerdro message type on ``app``, with Flower ``mods``.
 
     Routes the app already serves are kept (its own ``train`` / ``evaluate``) unless
     ``replace`` is True; keep your ``train`` route only if its reply's ``train_loss`` is
     the loss of the *received* model (q-FedAvg and FedMGDA+ read it so) and your
     ``evaluate`` route's metric names match the server's ``accuracy-metric``/``loss-metric``.
-    Returns ``app``.
+    ``mods`` wrap the kit's routes as ``ClientApp(mods=...)`` would, except that mods acting on
+    a training reply's model wrap the training routes only (:class:`~flowerdro.clients.mods.ModChain`);
+    the ``query.init`` reply names them for the server's checks. Returns ``app``.
+
+    Raises
+    ------
+    ValueError
+        ``app`` itself was built with such a mod (``ClientApp(mods=[LocalDpMod(...)])``):
+        Flower would wrap the evaluate and query routes in it too, where it fails.
     """
+    own = list(getattr(app, "_mods", []) or [])
+    if bad := [mod_name(m) for m in own if is_update_mod(m)]:
+        raise ValueError(f"mods: your ClientApp was built with {bad}, which Flower applies to every message type, "
+                         "but evaluate and query replies carry no model for them; build the ClientApp without them "
+                         "and pass them to add_routes(app, kit, mods=[...]) (or kit.client_app(mods=[...])), which "
+                         "applies them to the training routes only")
+    chain = ModChain(list(mods or []), extra_names=[mod_name(m) for m in own])
     registered = getattr(app, "_registered_funcs", {})
     for mtype in ROUTES:
         category, _, action = mtype.partition(".")
@@ -521,6 +547,9 @@ def add_routes(app: ClientApp, kit: ClientKit, *, replace: bool = False) -> Clie
             if not replace:
                 continue
             del registered[full]
-        getattr(app, category)(action or "default")(kit.serve(mtype))
+        handler_ = kit.serve(mtype)
+        if mtype == "query.init":
+            handler_ = ReportMods(handler_, chain)  # type: ignore[assignment]
+        getattr(app, category)(action or "default", mods=chain.for_type(mtype))(handler_)
     return app
 

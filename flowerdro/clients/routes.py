@@ -29,7 +29,7 @@ ROUTE_SPECS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "train.fedrobust": (_RB, "fedrobust_train_reply", {}),
     "train.fgm": (_RB, "adversarial_train_reply", {"kind": "fgm"}),
     "train.pgd": (_RB, "adversarial_train_reply", {"kind": "pgd"}),
-    "evaluate": (_H, "evaluate_reply", {}),
+    "evaluate": (_H, "evaluate_reply", {"named": True}),
     "query.loss": (_H, "loss_reply", {}),
     "query.init": (_H, "init_reply", {}),
     "query.loss_grad": (_SP, "loss_grad_reply", {}),

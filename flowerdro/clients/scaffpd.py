@@ -51,7 +51,7 @@ from torch import nn
 
 from flowerdro.buffers import array_view, to_array, to_array_record
 from flowerdro.clients.config import Settings
-from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for
+from flowerdro.clients.handlers import ClientRuntime, get_runtime, message_settings, settings_for
 from flowerdro.clients.training import (
     full_gradient,
     local_sgd,
@@ -61,6 +61,8 @@ from flowerdro.clients.training import (
 
 #: ``context.state`` keys.
 STATE_GRAD, STATE_META = "scaffpd.grad", "scaffpd.meta"
+#: ``context.state`` key of SCAFFOLD's c_i when the client keeps it (``control-variates-on = "client"``).
+STATE_SCAFFOLD_CONTROL = "scaffold.control"
 #: Values of the ``grad-on`` config key.
 GRAD_ON = ("full", "batch")
 #: Salts of the random streams (kept apart from handlers' train/query salts 11, 23).
@@ -222,18 +224,39 @@ def scaffpd_train_reply(message: Message, context: Context) -> Message:
 
 
 def scaffold_train_reply(message: Message, context: Context) -> Message:
-    """SCAFFOLD: K local steps corrected by the received c − c_i; option II; reply y_K and c_i⁺."""
+    """SCAFFOLD: K local steps corrected by c − c_i; option II.
+
+    With the server keeping c_i (the default) the message's ``control`` is c − c_i and
+    the reply's ``control`` is c_i⁺. With ``control-on = "client"`` in the config the
+    message's ``control`` is c, the client keeps c_i in ``context.state`` (zero at first),
+    and replies Δc_i = c_i⁺ − c_i, so the server needs only the sum of the replies (what
+    secure aggregation gives it).
+    """
     rt = get_runtime(context)
     s = settings_for(message, context)
     model = rt.model_from(_array(message, "arrays"))
-    correction = _tensors(_array(message, "control"), model, "control")
+    on_client = message_settings(message).str("control-on", "server", choices=("server", "client")) == "client"
+    received = _tensors(_array(message, "control"), model, "control")
+    c_i: dict[str, torch.Tensor] = {}
+    if on_client:
+        stored = context.state.array_records.get(STATE_SCAFFOLD_CONTROL)
+        c_i = _tensors(stored, model, "stored c_i") if stored is not None else \
+            {k: torch.zeros_like(v) for k, v in received.items()}
+        correction = {k: received[k] - c_i[k] for k in received}
+    else:
+        correction = received
     x = {k: v.detach().clone() for k, v in model.named_parameters()}
     state, mean_loss, n, lr, steps = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFOLD)
     # c_i⁺ = c_i − c + (x − y_K)/(K η_l) = (x − y_K)/(K η_l) − (c − c_i)
     c_new = {k: (x[k] - state[k]) / (steps * lr) - correction[k] for k in correction}
+    if on_client:
+        context.state[STATE_SCAFFOLD_CONTROL] = _record_like(model, c_new)
+        sent = {k: c_new[k] - c_i[k] for k in c_new}
+    else:
+        sent = c_new
     content = RecordDict({
         "arrays": to_array_record(state),
-        "control": _record_like(model, c_new),
+        "control": _record_like(model, sent),
         "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
     })
     return Message(content=content, reply_to=message)
@@ -243,6 +266,7 @@ __all__ = [
     "GRAD_ON",
     "STATE_GRAD",
     "STATE_META",
+    "STATE_SCAFFOLD_CONTROL",
     "loss_and_gradient",
     "loss_grad_reply",
     "scaffold_train_reply",

@@ -30,7 +30,16 @@ from itertools import count
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
@@ -276,6 +285,7 @@ class InProcessGrid(LocalGrid):
         if fault is not None and fault.mode == "timeout":
             return None, 0.0
         self.calls += 1
+        msg.content = delivered_copy(msg.content)
         t0 = time.perf_counter()
         try:
             if fault is not None and fault.mode == "raise":
@@ -288,6 +298,26 @@ class InProcessGrid(LocalGrid):
         if fault is not None and not reply.has_error():
             _corrupt(reply, fault.mode)
         return reply, elapsed
+
+
+def delivered_copy(content: RecordDict) -> RecordDict:
+    """The content a node receives: its own records, as a real Grid delivers a deserialised copy.
+
+    The server may hand one RecordDict to many messages; a mod or workflow on one node
+    that pops a key or replaces a record must not change what the other nodes get. The
+    records are copied; their :class:`~flwr.app.Array` values (immutable bytes) are shared.
+    """
+    out = RecordDict()
+    for name, rec in content.items():
+        if isinstance(rec, ArrayRecord):
+            out[name] = ArrayRecord({k: rec[k] for k in rec.keys()})
+        elif isinstance(rec, MetricRecord):
+            out[name] = MetricRecord({k: list(v) if isinstance(v, list) else v for k, v in rec.items()})
+        elif isinstance(rec, ConfigRecord):
+            out[name] = ConfigRecord({k: list(v) if isinstance(v, list) else v for k, v in rec.items()})
+        else:
+            out[name] = rec
+    return out
 
 
 def ensure_task_identity(run_id: int = 1) -> None:

@@ -27,13 +27,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
 from flowerdro.deploy.grid import ForwardingGrid
+from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view
-from flowerdro.strategies.base import EmptySettings, FairStrategy
+from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 
-__all__ = ["FedAvgBaseline", "FedProxBaseline", "FedProxSettings", "FlowerBaseline", "QFedAvgBaseline",
-           "QFedAvgSettings"]
+__all__ = ["FedAvgBaseline", "FedAvgSettings", "FedProxBaseline", "FedProxSettings", "FlowerBaseline",
+           "QFedAvgBaseline", "QFedAvgSettings", "UNIFORM_WEIGHT"]
 
 
 class _NodeSubsetGrid(ForwardingGrid):
@@ -62,8 +63,13 @@ class FlowerBaseline(FairStrategy):
         """Flower's strategy, built to sample every node it is shown (our loop samples)."""
         raise NotImplementedError
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    @property
+    def weight_key(self) -> str:
+        """The metric Flower's aggregation weights by: ``num-examples``, or 1 for every reply (uniform)."""
+        return UNIFORM_WEIGHT if getattr(self.config, "weighting", "num-examples") == "uniform" else NUM_EXAMPLES
+
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> Iterable[Message]:
         """Seeded sample, then Flower's own ``configure_train`` on exactly that sample.
 
         Flower shuffles the nodes it is given (an unseeded ``random.sample``); the messages
@@ -78,20 +84,25 @@ class FlowerBaseline(FairStrategy):
                                                    _NodeSubsetGrid(grid, chosen)))
         return sorted(messages, key=lambda m: position[int(m.metadata.dst_node_id)])
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower's own aggregation over the replies that passed our checks.
 
         The metrics are cut to the keys all replies share first, and the result keeps the
         dtypes of the model sent this round.
         """
-        replies = list(replies)
+        if not replies:
+            return None, None
         common = set.intersection(*(set(metrics_of(r).keys()) for r in replies)) if replies else set()
+        uniform = self.weight_key == UNIFORM_WEIGHT
         for r in replies:
             mr = metrics_of(r)
-            if set(mr.keys()) != common:
+            if set(mr.keys()) != common or uniform:
                 name = "metrics" if "metrics" in r.content.metric_records else next(iter(r.content.metric_records))
-                r.content.metric_records[name] = MetricRecord({k: mr[k] for k in mr.keys() if k in common})
+                kept = {k: mr[k] for k in mr.keys() if k in common}
+                if uniform:
+                    kept[UNIFORM_WEIGHT] = 1.0
+                r.content.metric_records[name] = MetricRecord(kept)
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
         if arrays is not None and self._global is not None:
             arrays = ArrayRecord({k: _as_dtype(arrays[k], self._global[k]) for k in arrays.keys()})
@@ -105,24 +116,52 @@ def _as_dtype(new: Array, like: Array) -> Array:
     return new if values.dtype == target else Array(np.asarray(values, dtype=target))
 
 
-class FedAvgBaseline(FlowerBaseline):
-    """Flower's FedAvg: the example-weighted average of the clients' models."""
-
-    name: ClassVar[str] = "fedavg"
-    settings_class: ClassVar[type[Settings]] = EmptySettings
-
-    def make_inner(self) -> Strategy:  # noqa: D102
-        return FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1)
+#: The reply metric the Flower baselines weight by with ``weighting = "uniform"`` (set to 1 on every valid reply).
+UNIFORM_WEIGHT = "uniform-weight"
+#: Values of ``weighting``.
+WEIGHTINGS: tuple[str, ...] = ("num-examples", "uniform")
 
 
 @dataclass(frozen=True)
-class FedProxSettings(Settings):
+class FedAvgSettings(Settings):
+    """FedAvg (McMahan et al. 2017) and the strategies that average like it."""
+
+    weighting: str = setting("num-examples", "the average's weights: the clients' num-examples (FedAvg), or equal "
+                                             "(uniform: what central-DP accounting assumes)", choices=WEIGHTINGS)
+
+
+class _MeanOfModels:
+    """A strategy whose server step is a weighted mean of the models: it composes with every privacy piece."""
+
+    config: FedAvgSettings
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """Nothing: the replies' model is all the server step reads."""
+        return None
+
+    def uniform_mean(self) -> bool:
+        """With ``weighting = "uniform"``."""
+        return self.config.weighting == "uniform"
+
+
+class FedAvgBaseline(_MeanOfModels, FlowerBaseline):
+    """Flower's FedAvg: the example-weighted (or uniform) average of the clients' models."""
+
+    name: ClassVar[str] = "fedavg"
+    settings_class: ClassVar[type[Settings]] = FedAvgSettings
+
+    def make_inner(self) -> Strategy:  # noqa: D102
+        return FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, weighted_by_key=self.weight_key)
+
+
+@dataclass(frozen=True)
+class FedProxSettings(FedAvgSettings):
     """FedProx (Li et al. 2020)."""
 
     proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0)
 
 
-class FedProxBaseline(FlowerBaseline):
+class FedProxBaseline(_MeanOfModels, FlowerBaseline):
     """Flower's FedProx: clients add (μ/2)‖w − w_global‖² to their local objective."""
 
     name: ClassVar[str] = "fedprox"
@@ -130,7 +169,7 @@ class FedProxBaseline(FlowerBaseline):
 
     def make_inner(self) -> Strategy:  # noqa: D102
         return FedProx(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1,
-                       proximal_mu=self.config.proximal_mu)
+                       proximal_mu=self.config.proximal_mu, weighted_by_key=self.weight_key)
 
 
 @dataclass(frozen=True)
@@ -149,6 +188,11 @@ class QFedAvgBaseline(FlowerBaseline):
 
     name: ClassVar[str] = "qfedavg"
     settings_class: ClassVar[type[Settings]] = QFedAvgSettings
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """q-FedAvg weights each update by the client's own loss F_k^q."""
+        return ("per-client losses F_k (train_loss) that weight each update Δ_k by F_k^q and scale the step by "
+                "Σ h_k, so the aggregate is neither a mean of clipped updates nor a sum the clients can mask")
 
     def make_inner(self) -> Strategy:  # noqa: D102
         return QFedAvg(client_learning_rate=self.training.lr, q=self.config.q, fraction_train=1.0,

@@ -191,6 +191,7 @@ class DRDSGD(FairStrategy):
                 self.run_name, math.exp(self.tilt.log_cap), self.tilt.log_cap)
         self.state = GossipState()
         self._extras: dict[str, Any] = {}
+        self._plan: tuple[Any, ...] | None = None
 
     @property
     def tilt(self) -> DRDSGDSettings:
@@ -233,27 +234,36 @@ class DRDSGD(FairStrategy):
         return out
 
     # ------------------------------------------------------------------ the round
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
         """θ_i^0 = ``initial_arrays`` on every device (set at the first round, when K is known)."""
         self.state = GossipState()
 
-    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-                    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """Local steps on every device, then one gossip step; returns θ̄ (for reporting only)."""
+    train_required_metrics: ClassVar[tuple[str, ...]] = ("train_loss", "log_tilt_weight")
+
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
+        """Every device its own θ_i^t (θ^0 = ``arrays`` at the first iteration) in ``train.drdsgd``."""
         first = not self.state.models
         targets = self._first_targets(grid, arrays) if first else self._targets(grid)
         st = self.state
         cfg = self._message_config(config, server_round)
         mtype = TRAIN_DRDSGD if self.robust else TRAIN_DSGD
         theta0 = arrays_to_numpy(arrays) if first else None
-        messages = self.build_messages(targets, lambda nid: RecordDict({
+        self._plan = (first, list(targets), theta0)
+        return self.build_messages(targets, lambda nid: RecordDict({
             "arrays": numpy_to_arrays(st.keys, theta0 if theta0 is not None else st.models[targets[nid]]),
             "config": ConfigRecord(dict(cfg))}), mtype)
-        reference = numpy_to_arrays(st.keys, theta0 if theta0 is not None else next(iter(st.models.values())))
-        replies = self.communicate(grid, messages, phase="train", reference=reference,
-                                   required_metrics=("train_loss", "log_tilt_weight"))
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One gossip step θ_i^{t+1} = Σ_j W_ij θ_j^{t+½}; returns θ̄ (for reporting only)."""
+        if self._plan is None:
+            return None, None
+        first, targets, theta0 = self._plan
+        self._plan = None
+        st = self.state
         if first:
-            self._fix_devices(grid, list(targets), theta0)  # type: ignore[arg-type]
+            self._fix_devices(self.grid, targets, theta0)  # type: ignore[arg-type]
         half = dict(st.models)  # θ_i^t for a device without a valid reply
         per_device: dict[int, dict[str, float]] = {}
         for reply in replies:
@@ -272,7 +282,16 @@ class DRDSGD(FairStrategy):
         st.gram_sum = W.T @ W if st.gram_sum is None else st.gram_sum + W.T @ W
         st.iterations += 1
         self._extras = self._compute_extras(W, per_device)
-        return self.average_model(), self._train_metrics(per_device)
+        return self.average_model(), self._train_metrics_of(per_device)
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """The server keeps every device's own model θ_i and mixes them per node: there is no one aggregate."""
+        from flowerdro.privacy import LOCAL_DP
+
+        if mechanism == LOCAL_DP:
+            return None
+        return ("each device's own model θ_i^{t+½}, kept by the server per device and mixed row by row with W "
+                "(there is no single aggregate for the mechanism to noise or to sum)")
 
     def _message_config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
         cfg = self.train_config(config, server_round)
@@ -327,7 +346,7 @@ class DRDSGD(FairStrategy):
                                        "query.init")
             self.communicate(grid, msgs, phase="query")
 
-    def _train_metrics(self, per_device: dict[int, dict[str, float]]) -> MetricRecord | None:
+    def _train_metrics_of(self, per_device: dict[int, dict[str, float]]) -> MetricRecord | None:
         if not per_device:
             return None
         vals = list(per_device.values())
@@ -385,21 +404,21 @@ class DRDSGD(FairStrategy):
                                       for k, a in zip(self.state.keys, self.state.models[p], strict=True)}}
 
     # ------------------------------------------------------------------ evaluation
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                           ) -> Iterable[Message]:
+    def evaluate_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                          ) -> Iterable[Message]:
         """Every device evaluates θ_i (``eval-model = "own"``) or θ̄ (``"average"``) on its own test set.
 
         θ̄ = (1/K) Σ_j θ_j^t over all K devices (:meth:`average_model`), the same for every
         device; messages of type ``evaluate``.
         """
         st = self.state
-        if self.loop.fraction_evaluate == 0.0 or not st.models:
+        if not st.models:
             return []
         average = arrays_to_numpy(self.average_model()) if self.config.eval_model == "average" else None
         nodes = [nid for nid in self.nodes(grid) if self.partition(nid) in st.models]
         k = max(1, round(self.loop.fraction_evaluate * len(nodes)))
         chosen = nodes if k >= len(nodes) else sorted(self.sample(nodes, k))
-        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        cfg = config
 
         def content(nid: int) -> RecordDict:
             layers = average if average is not None else st.models[self.partition(nid)]  # type: ignore[index]

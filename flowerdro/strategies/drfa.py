@@ -73,7 +73,7 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -198,6 +198,16 @@ class DRFAState:
             self.average = [a + (c - a) / self.num_averaged for a, c in zip(self.average, cur, strict=True)]
 
 
+@dataclass
+class _RoundPlan:
+    """What the training phase of a round decided, for its server step."""
+
+    arrays: ArrayRecord
+    config: ConfigRecord
+    draws: np.ndarray
+    node_of: dict[int, int]
+
+
 class DRFA(FairStrategy):
     """DRFA and AFL: λ-sampled local training, a loss query at the snapshot, the λ step.
 
@@ -210,15 +220,24 @@ class DRFA(FairStrategy):
     settings_class: ClassVar[type[Settings]] = DRFASettings
     config: DRFASettings
 
+    train_array_keys: ClassVar[tuple[str, ...]] = ("arrays", "snapshot")
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = DRFAState()
         self._extras: dict[str, Any] = {}
+        self._plan: _RoundPlan | None = None
 
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
         """A fresh λ, γ and ŵ."""
         self.state = DRFAState()
         self._extras = {}
+        self._plan = None
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """DRFA's λ step reads every queried client's loss f_i(w(t′)) (``query.loss``), by partition."""
+        return ("per-client losses f_i(w(t′)) for the λ step (query.loss), read by partition, and each sampled "
+                "client's model and snapshot w_k(t′) (train.drfa), weighted by λ")
 
     def regularizer(self) -> tuple[str, float]:
         """The regulariser g and its ρ (none for DRFA and AFL)."""
@@ -326,31 +345,31 @@ class DRFA(FairStrategy):
             return "uniform"
         return "lambda" if self.config.sample_with_replacement else "lambda-successive"
 
-    def _skip(self, rnd: int, arrays: ArrayRecord, reason: str) -> tuple[ArrayRecord, None]:
+    def _skip(self, rnd: int, reason: str) -> tuple[None, None]:
         """A round without a new model: w̄, λ, γ and ŵ stay as they are."""
         log(WARNING, "[%s] round %d: %s; model kept, λ step skipped", self.run_name, rnd, reason)
         self._extras["dual_step"] = f"skipped: {reason}"
         if self.state.dual_lr is not None:
             self._extras["dual_lr"] = self.state.dual_lr
-        return arrays, None
+        return None, None
 
-    def train_round(
-        self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """One DRFA round: train phase on D(s), loss query on U at w(t′), λ step."""
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
+        """Steps 1–2: discover unknown nodes, draw D(s) and t′, ``train.drfa`` to each distinct client drawn."""
         st, rnd = self.state, server_round
         nodes = self.nodes(grid)
         self._extras = {}
+        self._plan = None
         self._discover(grid, arrays, nodes, config, rnd)
         self._sync_partitions()
         if not st.partitions:
-            return self._skip(rnd, arrays, "no partition known")
-        n, index_of = len(st.partitions), st.index()
+            self._skip(rnd, "no partition known")
+            return []
         connected = set(nodes)
         node_of = {pid: nid for nid, pid in self.comm.node_to_partition.items() if nid in connected}
 
         # 1. D(s) and t′
-        draws = self._draw(n)
+        draws = self._draw(len(st.partitions))
         distinct = sorted(set(int(i) for i in draws))
         t_primes = sample_snapshot_steps(self.rng, self.training.local_steps, len(distinct), mode=self.config.snapshot)
         t_of = dict(zip(distinct, (int(t) for t in t_primes), strict=True))
@@ -365,11 +384,21 @@ class DRFA(FairStrategy):
             log(WARNING, "[%s] round %d: sampled partitions %s have no connected node; skipped",
                 self.run_name, rnd, absent)
             self._extras["absent"] = absent
+        self._plan = _RoundPlan(arrays, ConfigRecord(dict(config)), draws, node_of)
 
         # 2. train.drfa to each distinct sampled client
-        msgs = self.build_messages(list(targets), lambda nid: RecordDict(
+        return self.build_messages(list(targets), lambda nid: RecordDict(
             {"arrays": arrays, "config": self._train_config(config, rnd, t_of[targets[nid]])}), TRAIN_TYPE)
-        replies = self.communicate(grid, msgs, phase="train", reference=arrays, array_keys=("arrays", "snapshot"))
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Steps 3–5: w̄(s+1) and w(t′) from the replies, the loss query at w(t′) on U, the λ step."""
+        st, rnd, plan = self.state, server_round, self._plan
+        if plan is None:
+            return None, None
+        self._plan = None
+        arrays, config = plan.arrays, plan.config
+        n, index_of = len(st.partitions), st.index()
         finals: dict[int, list[np.ndarray]] = {}
         snaps: dict[int, list[np.ndarray]] = {}
         for r in replies:
@@ -379,9 +408,9 @@ class DRFA(FairStrategy):
                 st.sizes[pid] = int(mr[NUM_EXAMPLES])
                 finals[index_of[pid]] = arrays_to_numpy(r.content["arrays"])
                 snaps[index_of[pid]] = arrays_to_numpy(r.content["snapshot"])
-        coefs = aggregation_weights(draws, finals.keys(), st.lam, design=self._design())
+        coefs = aggregation_weights(plan.draws, finals.keys(), st.lam, design=self._design())
         if not coefs:
-            return self._skip(rnd, arrays, "no valid train.drfa reply")
+            return self._skip(rnd, "no valid train.drfa reply")
 
         # 3. w̄(s+1) and w(t′); w̄(s+1) enters ŵ
         keys, base = list(arrays.keys()), arrays_to_numpy(arrays)
@@ -394,7 +423,7 @@ class DRFA(FairStrategy):
         queried = np.arange(n, dtype=np.int64) if self.config.full_participation else sample_uniform(
             self.rng, n, self.num_sampled(n), replace=True)
         self._extras["queried"] = [st.partitions[i] for i in queried]
-        loss_of = self._query(grid, snap_arrays, config, rnd, queried, node_of)
+        loss_of = self._query(self.grid, snap_arrays, config, rnd, queried, plan.node_of)
 
         # 5. the λ step, then γ's decay
         ids = [int(i) for i in queried if int(i) in loss_of]

@@ -244,14 +244,16 @@ class FedMGDA(FairStrategy):
         super().__init__(*args, **kwargs)
         self.state: dict[str, Any] = {"num_rounds": None}
         self._extras: dict[str, Any] = {}
+        self._streamed: tuple[ReplyStream, list[int], float] | None = None
+        self._config = ConfigRecord()
 
     def settings(self) -> dict[str, Any]:
         """The base settings and whether the updates are normalised (fixed by the variant)."""
         return {**super().settings(), "normalize": self.normalize}
 
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
-        """T of the rate schedule is the run's number of rounds."""
-        self.state = {"num_rounds": int(num_rounds)}
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
+        """T of the rate schedule is the run's number of rounds (unknown: the schedule counts the rounds so far)."""
+        self.state = {"num_rounds": None if num_rounds is None else int(num_rounds)}
 
     # ------------------------------------------------------------------ schedule and configs
     def global_rate(self, server_round: int) -> float:
@@ -272,29 +274,61 @@ class FedMGDA(FairStrategy):
         return ConfigRecord({"seed": config["seed"] if "seed" in config else self.loop.seed,
                              "server-round": int(server_round), "loss-on": "full"})
 
-    # ------------------------------------------------------------------ Flower's Strategy API
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    # ------------------------------------------------------------------ the round
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> Iterable[Message]:
         """Sample a fraction p of the nodes (seeded) and send them ``train.sgd`` with w_t."""
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
-        self.current_arrays = arrays
+        self._extras = {}
+        self._streamed = None
+        self._config = ConfigRecord(dict(config))
         content = RecordDict({"arrays": arrays, "config": self.train_config(config, server_round)})
         return self.build_messages(chosen, content, TRAIN_TYPE)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The step on the valid replies, all at once (w_t is :attr:`current_arrays`)."""
-        self._extras = {}
-        replies = [r for r in replies if not r.has_error()]
+    @property
+    def train_required_metrics(self) -> tuple[str, ...]:  # type: ignore[override]
+        """``train_loss`` when the improvement is tracked from the training replies."""
+        return ("train_loss",) if self.config.track_improvement and not self._before_by_query() else ()
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The step on the valid replies (built while they arrived when :meth:`start` streamed them), then,
+        when tracked, ``query.loss`` before/after for the improved fraction."""
+        streamed, self._streamed = self._streamed, None
         if not replies:
+            log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
             return None, None
-        if self.current_arrays is None:
+        arrays = self.current_arrays
+        if arrays is None:
             raise RuntimeError("current_arrays: aggregate_train needs the global model w_t; call configure_train "
                                "first (or set strategy.current_arrays)")
-        stream = self.start_stream(self.current_arrays, len(replies))
-        stream.add(replies)
-        return self.finish_stream(server_round, stream)
+        ids = [id(r) for r in replies]
+        if streamed is not None and streamed[1] == ids:
+            stream, last = streamed[0], streamed[2]
+        else:
+            stream = self.start_stream(arrays, len(replies))
+            last = time.perf_counter()
+            stream.add(replies)
+        new_arrays, metrics = self.finish_stream(server_round, stream)
+        self._extras["server_step_s"] = round(time.perf_counter() - last, 6)
+        if self.config.track_improvement:
+            frac = self._track(self.grid, server_round, arrays, new_arrays, self._config, replies)
+            if frac is not None:
+                metrics["improved_fraction"] = frac
+        return new_arrays, metrics
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """The min-norm step reads every sampled client's update (normalised by its own norm)."""
+        from flowerdro.privacy import LOCAL_DP
+
+        if mechanism == LOCAL_DP:
+            if self.config.track_improvement:
+                return ("per-client losses before and after the step (track-improvement: query.loss or "
+                        "train_loss), read by partition")
+            return None
+        return ("each sampled client's update g_i (normalised by its own norm ‖g_i‖ and weighted by the min-norm "
+                "QP), so the aggregate is not a mean of clipped updates and a secure sum cannot give it")
 
     # ------------------------------------------------------------------ the step as replies arrive
     def start_stream(self, arrays: ArrayRecord, capacity: int) -> ReplyStream:
@@ -307,45 +341,30 @@ class FedMGDA(FairStrategy):
         step = stream.step.finish(eps=self.config.eps, global_lr=eta,
                                   center=_center(self.config.lambda_init, stream.sizes))
         pids = stream.partition_ids
-        self._extras = {
+        self._extras.update({
             "lambda": {str(p): float(v) for p, v in zip(pids, step.lam, strict=True)},
             "update_norms": {str(p): float(v) for p, v in zip(pids, step.norms, strict=True)},
             "direction_norm": step.direction_norm,
             "global_lr": eta,
-        }
+        })
         metrics = mean_of_metric_records(stream.metrics)
         metrics["direction_norm"] = step.direction_norm
         metrics["global_lr"] = eta
         metrics["lambda_max"] = float(step.lam.max())
         return numpy_to_arrays(stream.keys, step.arrays), metrics
 
-    # ------------------------------------------------------------------ one round
-    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-                    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """``train.sgd``, the server step built as replies arrive; then, when tracked, ``query.loss``.
+    def exchange_train(self, grid: Grid, messages: list[Message]) -> list[Message]:
+        """Send ``train.sgd`` and add each chunk of valid replies to the step as soon as the chunk is complete.
 
-        ``server_step_s`` in the round record is the time from the start of the last
-        batch's work to the new model.
+        Only when this strategy's own :meth:`start` drives it without a wrapper (a wrapper
+        may change the replies before :meth:`train_step`); otherwise the base's delivery.
         """
-        messages = list(self.configure_train(server_round, arrays, ConfigRecord(dict(config)), grid))
-        self._extras = {}
-        replies, new_arrays, metrics = self._stream_round(server_round, grid, arrays, messages)
-        if new_arrays is None or metrics is None:
-            log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
-            return arrays, None
-        if self.config.track_improvement:
-            frac = self._track(grid, server_round, arrays, new_arrays, config, replies)
-            if frac is not None:
-                metrics["improved_fraction"] = frac
-        return new_arrays, metrics
-
-    def _stream_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, messages: list[Message]
-                      ) -> tuple[list[Message], ArrayRecord | None, MetricRecord | None]:
-        """Send ``messages``, add each chunk of valid replies to a stream once it is complete, then step."""
-        if not messages:
-            return [], None, None
+        expected = self._expected.get("train")
+        arrays = self.current_arrays
+        if self.outer is not None or expected is None or not messages or arrays is None:
+            return super().exchange_train(grid, messages)
         stream = self.start_stream(arrays, len(messages))
-        last = [0.0]
+        last = [time.perf_counter()]
         position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
         waiting: dict[int, Message] = {}  # message position -> valid reply not yet added
         added = [0]  # messages before this position are in the stream (or failed)
@@ -366,15 +385,14 @@ class FedMGDA(FairStrategy):
             waiting.update({position[int(r.metadata.src_node_id)]: r for r in batch})
             drain(final=False)
 
-        track_train_loss = self.config.track_improvement and not self._before_by_query()
         replies = self.communicate_stream(grid, messages, on_replies, phase="train", reference=arrays,
-                                          required_metrics=("train_loss",) if track_train_loss else ())
+                                          required_metrics=expected.required_metrics)
         drain(final=True)
-        if not replies:
-            return [], None, None
-        new_arrays, metrics = self.finish_stream(server_round, stream)
-        self._extras["server_step_s"] = round(time.perf_counter() - last[0], 6)
-        return replies, new_arrays, metrics
+        expected.judged = True
+        self.note_valid("train", replies)
+        replies = sorted(replies, key=lambda r: position[int(r.metadata.src_node_id)])
+        self._streamed = (stream, [id(r) for r in replies], last[0])
+        return replies
 
     def _before_by_query(self) -> bool:
         """Whether f_i(w_t) needs a ``query.loss``: asked for, or the train reply's ``train_loss``

@@ -56,6 +56,7 @@ from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_nor
 from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.base import FairStrategy
+from flowerdro.strategies.baselines import UNIFORM_WEIGHT, FedAvgSettings, _MeanOfModels
 from flowerdro.strategies.messaging import Failure, metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
 
@@ -100,7 +101,7 @@ class FedRobust(FairStrategy):
         super().__init__(*args, **kwargs)
         self.state: dict[str, Any] = {"shifts": {}}
 
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
         """Every partition starts at (I, 0): no stored shifts."""
         self.state = {"shifts": {}}
 
@@ -113,21 +114,29 @@ class FedRobust(FairStrategy):
         cfg.pop("local-epochs", None)  # τ is the number of GDA iterations
         return cfg
 
-    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-                    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """Sample, send w with each partition's shift, store the returned shifts, average the w's."""
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
+        """Sample; send w with each partition's stored shift (``train.fedrobust``)."""
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
         self._identify(grid, nodes, chosen)
         cfg = self.client_config(config, server_round)
-        messages = self.build_messages(chosen, lambda nid: self._content(nid, arrays, cfg), TRAIN_FEDROBUST)
-        replies = [r for r in self.communicate(grid, messages, phase="train", reference=arrays) if self._store(r)]
+        return self.build_messages(chosen, lambda nid: self._content(nid, arrays, cfg), TRAIN_FEDROBUST)
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Store the returned shifts (Λ_i, δ_i) by partition; the example-weighted average of the w's."""
+        replies = [r for r in replies if self._store(r)]
         if not replies:
             log(WARNING, "[%s] round %d: no valid training reply; model unchanged", self.run_name, server_round)
-            return arrays, None
+            return None, None
         # the base's FedAvg over the models only (not the shifts)
         models = [RecordDict({"arrays": r.content["arrays"], "metrics": metrics_of(r)}) for r in replies]
         return aggregate_arrayrecords(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """Each reply carries the client's adversarial affine parameters, stored by partition on the server."""
+        return "per-client affine parameters (Λ_i, δ_i), returned with every reply and stored by partition"
 
     def shift_summary(self) -> dict[str, dict[str, float]]:
         """Partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂ and the rounds of its stored shift."""
@@ -196,7 +205,7 @@ class FedRobust(FairStrategy):
 
 # --------------------------------------------------------------------------- adversarial training
 @dataclass(frozen=True)
-class FGMSettings(Settings):
+class FGMSettings(FedAvgSettings):
     """Distributed FGM adversarial training: one ℓ₂ step of size ε per minibatch."""
 
     adv_eps: float = setting(1.0, "ε, the ℓ₂ radius of the per-sample attack", ge=0)
@@ -210,7 +219,7 @@ class PGDSettings(FGMSettings):
     pgd_step_size: float | None = setting(None, "α, the attack's step (unset: 2.5ε/K on the client)", gt=0)
 
 
-class AdversarialTraining(FairStrategy):
+class AdversarialTraining(_MeanOfModels, FairStrategy):
     r"""Distributed ℓ₂ adversarial training: FedAvg over local SGD on attacked minibatches.
 
     Each sampled node takes τ SGD steps on minibatches replaced by their per-sample ℓ₂
@@ -223,12 +232,22 @@ class AdversarialTraining(FairStrategy):
     kind: ClassVar[str] = ""
     config: FGMSettings
 
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The mean of the models, weighted by ``num-examples`` (or equally with ``weighting = "uniform"``)."""
+        if not replies or not self.uniform_mean():
+            return super().train_step(server_round, replies)
+        models = [RecordDict({"arrays": r.content["arrays"], "metrics": MetricRecord({UNIFORM_WEIGHT: 1.0})})
+                  for r in replies]
+        return (aggregate_arrayrecords(models, UNIFORM_WEIGHT),
+                mean_of_metric_records([metrics_of(r) for r in replies]))
+
     def attack_config(self) -> dict[str, Any]:
         """The attack's keys of the training config."""
         return {"adv-eps": self.config.adv_eps}
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> list[Message]:
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
         """Send the model, the training settings and the attack's to a seeded sample (``train.<kind>``)."""
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))

@@ -10,6 +10,16 @@ partition each node serves from the ``partition-id`` of the replies (a reply wit
 stands for the partition named by its node id, so a client that does not know its
 partition still gets a stable identity), and a partition that reappears on another node
 (a restarted SuperNode) moves to that node.
+
+Transport and validation are separate steps, so that whoever drives a strategy (its own
+:meth:`~flowerdro.strategies.base.FairStrategy.start`, Flower's ``Strategy.start``, a
+DP wrapper, a user's loop) gets the same checks: :meth:`Communicator.exchange` pushes
+messages and pulls the raw replies; :meth:`Communicator.accept` judges the replies of one
+phase against what it sent (an :class:`Expected`): errors, timeouts and invalid replies
+become failures, the valid replies come back in message order. An error that every asked
+client raises with the same text (a model that does not match, a missing route) is
+deterministic: the run stops in that round with :class:`DeterministicClientError`, the
+error logged once with the number of clients that raised it.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -28,10 +38,11 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from flowerdro.deploy.grid import pull_replies
-from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
+from flowerdro.protocol import CLIENT_RECORD, NUM_EXAMPLES, PARTITION_ID
 from flowerdro.strategies.arrays import check_arrays, record_bytes
 
-__all__ = ["Communicator", "Failure", "metrics_of", "missing_route_hint"]
+__all__ = ["Communicator", "DeterministicClientError", "Expected", "Failure", "RunFailedError", "metrics_of",
+           "missing_route_hint"]
 
 
 def metrics_of(message: Message) -> MetricRecord:
@@ -60,6 +71,45 @@ class Failure:
     partition_id: int | None
     kind: str
     reason: str
+
+
+class RunFailedError(RuntimeError):
+    """A run that cannot train or evaluate: no valid reply for ``max-failed-rounds`` rounds, or an
+    error every client raises alike."""
+
+
+class DeterministicClientError(RunFailedError):
+    """Every client asked in a phase failed with the same error (a programming error, not a fault)."""
+
+
+@dataclass
+class Expected:
+    """What one phase of a round sent and what a valid reply to it holds.
+
+    Attributes
+    ----------
+    phase : str
+        ``"train"``, ``"evaluate"``, ``"query"``, … (failures are counted under it).
+    messages : list of Message
+        The messages sent (their destinations are the nodes that owe a reply). Empty
+        when unknown (replies handed to an aggregation directly): then nobody times out.
+    reference : ArrayRecord, optional
+        The model whose keys and shapes every reply's arrays must have.
+    array_keys : tuple of str
+        The reply's ArrayRecords that must match ``reference``.
+    required_metrics : tuple of str
+        Metrics every reply must carry besides ``num-examples``.
+    judged : bool
+        The replies were accepted already (streamed, or checked by the driver before a
+        wrapper saw them): :meth:`Communicator.accept` then only drops error replies.
+    """
+
+    phase: str
+    messages: list[Message] = field(default_factory=list)
+    reference: ArrayRecord | None = None
+    array_keys: tuple[str, ...] = ("arrays",)
+    required_metrics: tuple[str, ...] = ()
+    judged: bool = False
 
 
 _NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
@@ -127,6 +177,10 @@ class Communicator:
         self.valid_replies: Counter[str] = Counter()
         #: Every partition heard from in this run.
         self.partitions_seen: set[int] = set()
+        #: Node id → what its ``query.init`` reply said of the client (e.g. ``{"mods": [...]}``).
+        self.client_info: dict[int, dict] = {}
+        #: (round, phase, kind, reason) of the failures whose reason was logged in full.
+        self._logged: set[tuple[int, str, str, str]] = set()
 
     # ------------------------------------------------------------------ bookkeeping
     def begin_round(self, server_round: int) -> None:
@@ -182,14 +236,36 @@ class Communicator:
     ) -> list[Message]:
         """Send ``messages``, wait for the replies, and return the valid ones in message order.
 
-        Returning the replies in the order of ``messages`` (not of arrival) makes every
-        aggregation sum in the same order on every run.
+        :meth:`exchange` then :meth:`accept`. Returning the replies in the order of
+        ``messages`` (not of arrival) makes every aggregation sum in the same order on
+        every run.
         """
+        expected = Expected(phase, list(messages), reference, tuple(array_keys), tuple(required_metrics))
+        return self.accept(expected, self.exchange(grid, expected.messages))
+
+    def exchange(self, grid: Grid, messages: Sequence[Message]) -> list[Message]:
+        """Push ``messages`` and pull their replies (errors included) until all came or the timeout passed."""
         messages = list(messages)
         if not messages:
             return []
         self.bytes_sent += sum(record_bytes(m.content) for m in messages)
-        replies = self._send_and_receive(grid, messages, self.timeout)
+        return self._send_and_receive(grid, messages, self.timeout)
+
+    def accept(self, expected: Expected, replies: Iterable[Message]) -> list[Message]:
+        """The valid replies of one phase, in the order of its messages; every other outcome a failure.
+
+        An error reply, a reply that fails the checks of ``expected`` (see
+        :meth:`_validate`) and a message without a reply (``timeout``) each become a
+        :class:`Failure` of ``expected.phase``. The replies of an ``expected`` already
+        judged pass with only error replies dropped. Raises
+        :class:`DeterministicClientError` when at least two clients were asked and every
+        one of them answered with the same error.
+        """
+        replies = list(replies)
+        if expected.judged:
+            return [r for r in replies if not r.has_error()]
+        expected.judged = True
+        messages = expected.messages
         # the node a reply answers for is its message's destination: an error the SuperLink
         # makes for an unavailable node comes from the SuperLink's own node id
         sent_to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in messages if m.metadata.message_id}
@@ -197,17 +273,39 @@ class Communicator:
         def node_of(reply: Message) -> int:
             return sent_to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
 
+        before = len(self.failures)
         valid, answered = [], set()
         for reply in replies:
             nid = node_of(reply)
             answered.add(nid)
-            if self._accept(reply, nid, phase, reference, array_keys, required_metrics):
+            if self._accept(reply, nid, expected.phase, expected.reference, expected.array_keys,
+                            expected.required_metrics):
                 valid.append(reply)
-        self._timeouts(phase, [int(m.metadata.dst_node_id) for m in messages
-                               if int(m.metadata.dst_node_id) not in answered])
+        self._timeouts(expected.phase, [int(m.metadata.dst_node_id) for m in messages
+                                        if int(m.metadata.dst_node_id) not in answered])
         position = {int(m.metadata.dst_node_id): i for i, m in enumerate(messages)}
         valid.sort(key=lambda r: position.get(node_of(r), len(position)))
+        self._summarise(expected.phase, self.failures[before:], asked=len(messages) or len(replies), valid=len(valid))
         return valid
+
+    def _summarise(self, phase: str, failures: Sequence[Failure], *, asked: int, valid: int) -> None:
+        """Log once how many clients gave each repeated error; stop the run on an error every client gives."""
+        if not failures:
+            return
+        by_reason = Counter((f.kind, f.reason) for f in failures)
+        for (kind, reason), n in by_reason.items():
+            if n > 1:
+                parts = sorted({f.partition_id for f in failures if (f.kind, f.reason) == (kind, reason)},
+                               key=lambda p: (p is None, p or 0))
+                log(WARNING, "[%s] round %d %s: the same %s on %d clients (partitions %s)", self.run_name,
+                    self.round, phase, kind, n, ", ".join(str(p) for p in parts))
+        if valid == 0 and asked >= 2 and len(failures) == asked and len(by_reason) == 1:
+            (kind, reason), = by_reason
+            if kind == "error":
+                hint = missing_route_hint(reason)
+                raise DeterministicClientError(
+                    f"[{self.run_name}] round {self.round} {phase}: all {asked} clients failed with the same error, "
+                    f"so every round would: {reason}" + (f"\n=> {hint}" if hint else ""))
 
     def _send_and_receive(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
         """Push ``messages`` once and pull their replies until all have come or ``timeout`` s have passed.
@@ -253,6 +351,7 @@ class Communicator:
         messages = list(messages)
         if not messages:
             return []
+        before = len(self.failures)
         try:
             ids = list(grid.push_messages(messages))
         except NotImplementedError:
@@ -294,6 +393,7 @@ class Communicator:
             if not replies:
                 sleep(min(self.pull_interval, deadline - now))
         self._timeouts(phase, list(pending.values()))
+        self._summarise(phase, self.failures[before:], asked=len(messages), valid=len(valid))
         return valid
 
     # ------------------------------------------------------------------ checks
@@ -358,10 +458,17 @@ class Communicator:
             self._fail(phase, nid, "timeout", f"no reply within {self.timeout:g} s")
 
     def _fail(self, phase: str, node_id: int, kind: str, reason: str) -> None:
+        """Record a dropped reply; its full reason is logged the first time it occurs in the round's phase."""
         f = Failure(self.round, phase, int(node_id), self.partition(node_id), kind, reason)
+        key = (f.round, phase, kind, reason)
+        if key in self._logged:
+            log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s (the same reason as above)",
+                self.run_name, f.round, phase, node_id, f.partition_id, kind)
+        else:
+            self._logged.add(key)
+            log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s: %s",
+                self.run_name, f.round, phase, node_id, f.partition_id, kind, reason)
         self.failures.append(f)
-        log(WARNING, "[%s] round %d %s: dropped node %d (partition %s): %s: %s",
-            self.run_name, f.round, phase, node_id, f.partition_id, kind, reason)
 
     def no_train_reply(self) -> bool:
         """Whether this round brought no valid training reply although its exchanges failed.
@@ -413,9 +520,18 @@ class Communicator:
             log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
             return
         for reply in replies:
-            metrics = None if reply.has_error() else reply.content.metric_records.get("metrics")
+            if reply.has_error():
+                continue
+            self.note_client(int(reply.metadata.src_node_id), reply)
+            metrics = reply.content.metric_records.get("metrics")
             if metrics is not None and PARTITION_ID in metrics:
                 self.learn(int(reply.metadata.src_node_id), int(metrics[PARTITION_ID]))
+
+    def note_client(self, node_id: int, reply: Message) -> None:
+        """Keep what a ``query.init`` reply says of its client (its ``client`` ConfigRecord: the mods it runs)."""
+        info = reply.content.config_records.get(CLIENT_RECORD)
+        if info is not None:
+            self.client_info[int(node_id)] = dict(info)
 
 
 def most_frequent_reason(failures: Sequence[Failure]) -> str | None:

@@ -21,7 +21,8 @@ from flowerdro.core.fairness import summarize
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.strategies.messaging import Failure, metrics_of
 
-__all__ = ["ClientResults", "mean_of_metric_records", "missing_partitions", "round_line", "round_record"]
+__all__ = ["ClientResults", "data_sizes_line", "mean_of_metric_records", "missing_partitions", "round_line",
+           "round_record"]
 
 
 class ClientResults:
@@ -157,3 +158,35 @@ def round_line(rec: Mapping[str, Any], num_rounds: int) -> str:
     if rec.get("missing"):
         parts.append(f"missing {len(rec['missing'])}")
     return " | ".join(parts)
+
+
+def data_sizes_line(strategy: Any) -> str | None:
+    """The data the clients hold, once both phases have reported: train/test examples (min, median, max).
+
+    Read from the ``num-examples`` of the training and evaluate replies by partition
+    (``strategy.data_sizes``), so a data function that hands a client almost nothing is
+    visible in the first round's log. Also says when the clients trained with their own
+    ``train_fn`` (then the settings' local steps and batch size are only what that
+    function is told). None until a training reply has arrived.
+    """
+    train, test = strategy.data_sizes.get("train", {}), strategy.data_sizes.get("evaluate", {})
+    if not train:
+        return None
+
+    def spread(sizes: Mapping[int, int]) -> str:
+        v = np.array(sorted(sizes.values()))
+        return f"min {int(v[0])}, median {float(np.median(v)):g}, max {int(v[-1])} over {len(v)} partitions"
+
+    parts = [f"data: train examples {spread(train)}"]
+    if test:
+        parts.append(f"test examples {spread(test)}")
+    line = "; ".join(parts)
+    batch = getattr(strategy.training, "batch_size", None)
+    small = sorted(p for p, n in train.items() if batch is not None and n < batch)
+    if small:
+        line += (f". Partitions {small[:10]}{' …' if len(small) > 10 else ''} hold fewer training examples than one "
+                 f"batch ({batch}): check the data function")
+    if strategy.user_train_fn:
+        line += (". Local training: the clients' own train_fn (local-steps, batch-size and lr reach it only as "
+                 "the TrainArgs it is given)")
+    return line

@@ -40,7 +40,7 @@ from logging import WARNING
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -61,6 +61,10 @@ class SCAFFOLDSettings(Settings):
     """SCAFFOLD (Karimireddy et al. 2020); local steps K and η_l are the clients' settings."""
 
     server_lr: float = setting(1.0, "η_g, the server's step on the averaged update", gt=0)
+    control_variates_on: str = setting(
+        "server", "where each c_i lives: on the server by partition (survives a node restart; N·d floats), or on "
+                  "the clients in their node state, as in the paper (the server needs only sums: secure "
+                  "aggregation, large N)", choices=("server", "client"))
 
 
 @dataclass
@@ -93,8 +97,11 @@ class SCAFFOLD(FairStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = SCAFFOLDState()
+        self._num_nodes = 0
 
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+    train_array_keys: ClassVar[tuple[str, ...]] = ("arrays", "control")
+
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
         """A new run starts from c = c_i = 0."""
         self.state = SCAFFOLDState()
 
@@ -107,27 +114,48 @@ class SCAFFOLD(FairStrategy):
         cfg = self.train_config(config, server_round)
         # option II divides by K η_l: the clients must use exactly these
         cfg.update({"lr": self.training.lr, "local-steps": self.training.local_steps, "local-epochs": 0.0})
+        if self.on_client:
+            cfg["control-on"] = "client"
         return cfg
 
+    @property
+    def on_client(self) -> bool:
+        """Whether the clients keep their c_i (``control-variates-on = "client"``)."""
+        return self.config.control_variates_on == "client"
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """SCAFFOLD's replies carry a control variate besides the model; only sums of both are needed when
+        the clients keep c_i, which SecAgg+ protects."""
+        from flowerdro.privacy import SECAGG
+
+        if mechanism == SECAGG and self.on_client:
+            return None
+        if mechanism == SECAGG:
+            return ("each client's new control variate c_i⁺, stored by partition (control-variates-on = \"server\"; "
+                    "set control-variates-on = \"client\" so that only sums are needed)")
+        return ("the control variates (c_i⁺ or c_i⁺ − c_i), a second per-client vector that the mechanism neither "
+                "clips nor noises")
+
     def _client_control(self, node_id: int, like: list[np.ndarray]) -> list[np.ndarray]:
-        """c_i of the node's partition (zeros in the model's dtype when none is stored)."""
+        """c_i of the node's partition (zeros in the model's dtype when none is stored, or when the clients keep it)."""
+        if self.on_client:
+            return [np.zeros_like(a) for a in like]
         pid = self.partition(node_id)
         stored = self.state.client_controls.get(pid) if pid is not None else None
         return stored if stored is not None else [np.zeros_like(a) for a in like]
 
-    def train_round(
-        self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """One SCAFFOLD round: sample S, corrected local steps, average models and controls."""
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
+        """Sample S; ``train.scaffold`` to each i ∈ S with x and the correction c − c_i."""
         st = self.state
         keys = list(arrays.keys())
         base = arrays_to_numpy(arrays)
         dtypes = [a.dtype for a in base]
-        x = [a.astype(np.float64) for a in base]
         if st.control is None:
-            st.control = [np.zeros_like(a) for a in x]
+            st.control = [np.zeros(a.shape, dtype=np.float64) for a in base]
         nodes = self.nodes(grid)
         chosen = self.sample(nodes, self.num_train_nodes(len(nodes)))
+        self._num_nodes = len(nodes)
         c = [a.astype(d) for a, d in zip(st.control, dtypes, strict=True)]
         cfg = self._config(config, server_round)
 
@@ -135,11 +163,19 @@ class SCAFFOLD(FairStrategy):
             correction = [ck - cik for ck, cik in zip(c, self._client_control(nid, base), strict=True)]
             return RecordDict({"arrays": arrays, "control": numpy_to_arrays(keys, correction), "config": cfg})
 
-        messages = self.build_messages(chosen, content, TRAIN_TYPE)
-        replies = self.communicate(grid, messages, phase="train", reference=arrays, array_keys=("arrays", "control"))
-        if not replies:
+        return self.build_messages(chosen, content, TRAIN_TYPE)
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """x ← x + η_g (mean y_i − x), c ← c + Σ(c_i⁺ − c_i)/N over the valid replies."""
+        st, arrays = self.state, self.current_arrays
+        if not replies or arrays is None:
             log(WARNING, "[%s] round %d: no valid train.scaffold reply; model kept", self.run_name, server_round)
-            return arrays, None
+            return None, None
+        keys = list(arrays.keys())
+        base = arrays_to_numpy(arrays)
+        dtypes = [a.dtype for a in base]
+        x = [a.astype(np.float64) for a in base]
         m = len(replies)
         # Σ_i y_i and Σ_i (c_i⁺ − c_i), accumulated in float64 straight from the reply buffers:
         # a sum of float32 values of similar size is exact in float64, so this is at least as
@@ -152,14 +188,17 @@ class SCAFFOLD(FairStrategy):
             # c_i is kept (and sent back) in the model's dtype, whatever the client replied in;
             # a reply in that dtype is kept as the read-only view of its buffer, not copied
             ci_new = [np.asarray(array_view(ci[k]), dtype=d) for k, d in zip(keys, dtypes, strict=True)]
-            ci_old = st.client_controls.get(pid)
-            st.client_controls[pid] = ci_new
+            if self.on_client:  # the reply is Δc_i = c_i⁺ − c_i; the client keeps c_i⁺
+                ci_old = None
+            else:
+                ci_old = st.client_controls.get(pid)
+                st.client_controls[pid] = ci_new
             for k, key in enumerate(keys):
                 np.add(sum_y[k], array_view(y[key]), out=sum_y[k])
                 np.add(sum_dc[k], ci_new[k], out=sum_dc[k])
                 if ci_old is not None:
                     np.subtract(sum_dc[k], ci_old[k], out=sum_dc[k])
-        n = len(nodes)
+        n = self._num_nodes or m
         # c ← c + (|S|/N)·(1/|S|)Σ(c_i⁺ − c_i) = c + Σ(c_i⁺ − c_i)/N
         st.control = [ck + d / n for ck, d in zip(st.control, sum_dc, strict=True)]
         # x ← x + η_g (mean_i y_i − x)

@@ -64,7 +64,7 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -150,8 +150,9 @@ class SCAFFPD(FairStrategy):
         super().__init__(*args, **kwargs)
         self.state = SCAFFPDState()
         self._extras: dict[str, Any] = {}
+        self._plan: tuple[Any, ...] | None = None
 
-    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+    def on_start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None) -> None:
         """A new run starts from uniform λ and the initial step sizes."""
         self.state = SCAFFPDState()
 
@@ -237,16 +238,14 @@ class SCAFFPD(FairStrategy):
         st.loss_prev = {p: st.memory[p][0] for p in active}
         return dict(zip(active, weights, strict=True)), s
 
-    def train_round(
-        self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord, MetricRecord | None]:
-        """One SCAFF-PD round: loss/gradient query, dual step, corrected local steps, primal step."""
+    def train_messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid) -> list[Message]:
+        """Phase 1 (``query.loss_grad`` to every node), the dual step and c^r; then ``train.scaffpd`` messages."""
         st = self.state
         self._extras = {}
+        self._plan = None
         keys = list(arrays.keys())
-        base = arrays_to_numpy(arrays)
-        dtypes = [a.dtype for a in base]
-        x = [a.astype(np.float64) for a in base]
+        dtypes = [a.dtype for a in arrays_to_numpy(arrays)]
 
         node_of, fresh = self._query(server_round, grid, arrays, config)
         self._sync_partitions(fresh)
@@ -257,7 +256,7 @@ class SCAFFPD(FairStrategy):
         if not active or st.steps is None:
             log(WARNING, "[%s] round %d: no client loss known; model and λ kept", self.run_name, server_round)
             self._extras["dual_step"] = "skipped: no loss"
-            return arrays, None
+            return []
         tau, sigma, _, theta = st.steps
         self._extras.update({"tau": tau, "sigma": sigma, "theta": theta})
         if stale := [p for p in active if p not in fresh]:
@@ -269,6 +268,7 @@ class SCAFFPD(FairStrategy):
         control = core.weighted_sum([weight[p] for p in active], [st.memory[p][1] for p in active])
         self._extras["query_loss"] = {str(p): st.memory[p][0] for p in active}
         self._extras["s"] = {str(p): float(v) for p, v in zip(active, s, strict=True)}
+        self._plan = (arrays, active, weight, control, tau)
 
         # Phase 2: corrected local steps on the clients that answered phase 1.
         trainers = [p for p in active if p in fresh]
@@ -277,8 +277,19 @@ class SCAFFPD(FairStrategy):
             "control": numpy_to_arrays(keys, [c.astype(d) for c, d in zip(control, dtypes, strict=True)]),
             "config": self._config(config, server_round, train=True),
         })
-        replies = self.communicate(grid, self.build_messages([node_of[p] for p in trainers], content, TRAIN_TYPE),
-                                   phase="train", reference=arrays)
+        return self.build_messages([node_of[p] for p in trainers], content, TRAIN_TYPE)
+
+    def train_step(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """x^{r+1} = x^r − τ_r Σλ_i Δu_i over the replies (or their stand-ins, see ``on-failure``)."""
+        if self._plan is None:
+            return None, None
+        arrays, active, weight, control, tau = self._plan
+        self._plan = None
+        keys = list(arrays.keys())
+        base = arrays_to_numpy(arrays)
+        dtypes = [a.dtype for a in base]
+        x = [a.astype(np.float64) for a in base]
         delta: dict[int, list[np.ndarray]] = {}
         for r in replies:
             pid = int(metrics_of(r)[PARTITION_ID])
@@ -286,7 +297,7 @@ class SCAFFPD(FairStrategy):
                 delta[pid] = core.local_direction(x, [array_view(a) for a in r.content["arrays"].values()],
                                                   self.training.lr,
                                                   self.training.local_steps)
-        if exclude:
+        if self.config.on_failure == "exclude":
             total = sum(weight[p] for p in delta)
             coef = {p: weight[p] / total for p in delta} if total > 0 else {}
         else:
@@ -298,11 +309,16 @@ class SCAFFPD(FairStrategy):
         if not coef:
             log(WARNING, "[%s] round %d: no valid train.scaffpd reply; model kept", self.run_name, server_round)
             self._extras["primal_step"] = "skipped: no train reply"
-            return arrays, None
+            return None, None
         direction = core.weighted_sum(list(coef.values()), [delta[p] for p in coef])
         new = [xk.astype(d) for xk, d in zip(core.primal_step(x, direction, tau), dtypes, strict=True)]
         metrics = mean_of_metric_records([metrics_of(r) for r in replies]) if replies else None
         return numpy_to_arrays(keys, new), metrics
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """SCAFF-PD's dual step reads every client's loss L_i and gradient c_i (``query.loss_grad``)."""
+        return ("per-client losses L_i and gradients c_i (query.loss_grad) for the dual step and the control "
+                "variate, read by partition")
 
     def round_extras(self) -> dict[str, Any]:
         """λ^{r+1} keyed by partition id, the step sizes (τ_r, σ_r, θ_r) and the failure handling."""

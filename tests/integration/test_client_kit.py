@@ -267,6 +267,21 @@ def test_a_missing_loss_function_and_an_unknown_metric_name_are_refused(synth_rc
         kit.client_app()(msg, grid.contexts[grid.node_ids[0]])
 
 
+def _kit_behind(route):
+    """The kit a route serves with: the handler itself, or the one inside its mods' closures."""
+    seen, todo = set(), [route]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if hasattr(f, "kit"):
+            return f.kit
+        todo.extend(getattr(f, "inner", None) for _ in [0] if hasattr(f, "inner"))
+        todo.extend(c.cell_contents for c in (getattr(f, "__closure__", None) or ()) if callable(c.cell_contents))
+    raise AssertionError(f"no kit behind {route}")
+
+
 def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
     """Flower's Ray simulation pickles the ClientApp with every message it hands an actor:
     the copies in one process must share one kit, so the user's data is read once per
@@ -281,8 +296,8 @@ def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
     nid = grid.node_ids[0]
     replies = [app(Message(content=RecordDict({"arrays": init}), dst_node_id=nid, message_type="evaluate"),
                    grid.contexts[nid]) for app in (first, second)]
-    kits = {id(app._registered_funcs[name].kit) for app in (first, second) for name in app._registered_funcs}
-    assert len(kits) == 1  # one kit behind every route of both copies
+    kits = {id(_kit_behind(app._registered_funcs[name])) for app in (first, second) for name in app._registered_funcs}
+    assert len(kits) == 1  # one kit behind every route of both copies (through the routes' mods)
     kit = first._registered_funcs["evaluate.default"].kit
     assert list(kit._runtimes) == [(0, 2)]  # built by the first message, reused by the second
     assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
@@ -346,10 +361,26 @@ def test_dr_dsgd_with_a_loss_its_client_step_cannot_use_is_refused(synth_rc):
             app(msg, grid.contexts[grid.node_ids[0]])
 
 
-def test_evaluate_replies_under_other_names_are_dropped_with_the_names_they_carry(synth_rc):
+def test_the_servers_metric_names_win_over_the_kits_own(synth_rc):
+    """The names are set once, on the server: they travel with every evaluate message."""
     kit = own_pieces_kit(synth_rc, 2, accuracy_metric="eval_acc", loss_metric="eval_loss")
     grid = InProcessGrid(kit.client_app(), 2, synth_rc)
-    strategy = build_strategy("fedavg", synth_rc)  # the server expects test_acc
-    strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
-    reasons = {f.reason for f in strategy.failures if f.phase == "evaluate"}
-    assert len(reasons) == 1 and "eval_acc" in reasons.pop()
+    strategy = build_strategy("fedavg", {**synth_rc, "accuracy-metric": "accuracy", "loss-metric": "val_loss"})
+    result = strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+    assert not strategy.failures
+    per_client = strategy.client_metrics
+    assert all({"accuracy", "val_loss"} <= set(m) and "eval_acc" not in m for m in per_client.values())
+    # the result keeps the clients' names (example-weighted, as Flower's FedAvg reports) beside the fairness numbers
+    got = result.evaluate_metrics_clientapp[1]
+    sizes = {p: m["num-examples"] for p, m in per_client.items()}
+    weighted = sum(sizes[p] * per_client[p]["accuracy"] for p in sizes) / sum(sizes.values())
+    assert got["accuracy"] == pytest.approx(weighted, rel=1e-12)
+    assert got["acc_mean"] == pytest.approx(np.mean([m["accuracy"] for m in per_client.values()]), rel=1e-12)
+
+
+def test_flowerdros_own_client_reports_under_the_servers_names(synth_rc):
+    grid = InProcessGrid(flowerdro_app, 3, synth_rc)
+    strategy = build_strategy("fedavg", {**synth_rc, "accuracy-metric": "accuracy", "loss-metric": "val_loss"})
+    result = strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+    assert not strategy.failures and "acc_worst20" in strategy.history[0]
+    assert {"accuracy", "val_loss", "acc_worst"} <= set(result.evaluate_metrics_clientapp[1].keys())

@@ -77,7 +77,6 @@ def test_every_strategy_runs_through_the_legacy_example(name):
     assert len(strategy.history) == 2
     assert not any(r["failures"] for r in strategy.history), strategy.history[-1]["failures"]
     assert legacy.final_parameters is not None
-    assert legacy.evaluate(2, legacy.final_parameters)[1]["acc_worst"] == strategy.history[-1]["acc_worst"]
 
 
 @pytest.mark.parametrize("name", ["drfa", "scaffpd"])
@@ -167,7 +166,8 @@ def test_a_message_api_server_against_a_legacy_client_app_fails_naming_the_wrapp
     arrays = ArrayRecord(msg_server.Net().state_dict())
     with pytest.raises(RunFailedError, match="LegacyClientApp") as err:
         strategy.start(grid, arrays, num_rounds=5, timeout=60)
-    assert len(strategy.history) == 3 and "Invalid message type: query.loss" in str(err.value)
+    # every client fails alike (a programming error): the run stops in its first round
+    assert not strategy.history and "Invalid message type: query.loss" in str(err.value)
 
 
 def test_a_message_api_strategy_in_legacy_server_app_components_names_the_adapter():

@@ -13,6 +13,7 @@ from flowerdro.clients import handlers
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import RunFailedError, build_strategy
+from flowerdro.strategies.messaging import DeterministicClientError
 
 
 def _run(name: str, rc: dict, grid: InProcessGrid, rounds: int = 3):
@@ -33,14 +34,29 @@ def _app_without_training() -> ClientApp:
 
 @pytest.mark.parametrize("name,route", [("fedavg", "'train'"), ("drfa", "'train.drfa'"),
                                         ("scaffold", "'train.scaffold'")])
-def test_clients_without_the_route_fail_the_run_within_max_failed_rounds_naming_it(synth_rc, name, route):
+def test_clients_without_the_route_fail_the_run_in_the_first_round_naming_it(synth_rc, name, route, caplog):
     grid = InProcessGrid(_app_without_training(), 4, synth_rc)
     strategy = build_strategy(name, {**synth_rc, "max-failed-rounds": 3})
+    with pytest.raises(DeterministicClientError) as err:
+        strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=10, timeout=60,
+                       train_config=client_config(synth_rc))
+    # every client lacks the route alike: a programming error, so the run stops in round 1, not round 3
+    assert strategy._round == 1 and not strategy.history
+    assert route in str(err.value) and "add_routes" in str(err.value)
+    # the client's error text is logged in full once, the other clients' drops refer to it
+    full = [r for r in caplog.records if "registered with name" in r.getMessage()]
+    assert len(full) == 1
+
+
+def test_an_error_only_some_clients_raise_fails_the_run_after_max_failed_rounds(synth_rc):
+    faults = {k: Fault("raise", message_types=("train",)) for k in range(4)}  # each names its partition
+    strategy = build_strategy("fedavg", {**synth_rc, "max-failed-rounds": 3})
+    grid = InProcessGrid(client_app, 4, synth_rc, faults=faults)
     with pytest.raises(RunFailedError) as err:
         strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=10, timeout=60,
                        train_config=client_config(synth_rc))
-    assert len(strategy.history) == 3  # failed after the third round in a row, not after ten
-    assert route in str(err.value) and "add_routes" in str(err.value)
+    assert not isinstance(err.value, DeterministicClientError)
+    assert len(strategy.history) == 3
 
 
 def test_one_failing_round_does_not_stop_the_run(synth_rc):
@@ -63,8 +79,10 @@ def test_the_full_client_error_reaches_the_failure_record(synth_rc):
     app.query("init")(handlers.init_reply)
     strategy = build_strategy("fedavg", {**synth_rc, "max-failed-rounds": 5})
     grid = InProcessGrid(app, 2, synth_rc)
-    strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
-    assert all(long_reason in f.reason for f in strategy.failures)
+    with pytest.raises(DeterministicClientError) as err:
+        strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=1, timeout=60)
+    assert long_reason in str(err.value)
+    assert len(strategy.failures) == 2 and all(long_reason in f.reason for f in strategy.failures)
 
 
 def _app_with_extra_metric(partition: int) -> ClientApp:
