@@ -43,10 +43,6 @@ messages only.
 
 from __future__ import annotations
 
-import copy
-import io
-import json
-import math
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -66,18 +62,15 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 from flwr.common import (
-    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
     Scalar,
-    Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -86,98 +79,10 @@ from torch import nn
 from flowerdro.clients.kit import ClientKit, TrainArgs
 from flowerdro.clients.mods import ModChain
 from flowerdro.clients.training import LossFn
-from flowerdro.protocol import NUM_EXAMPLES
-from flowerdro.strategies.messaging import metrics_of, missing_route_hint
+from flowerdro.legacy_wire import fitres_to_content, flowerdro_ins, message_to_ins, serve_ins
+from flowerdro.strategies.messaging import missing_route_hint
 
 __all__ = ["LegacyClientApp", "LegacyStrategy"]
-
-#: Config keys of a flowerdro FitIns/EvaluateIns, and the FitRes metric listing its records.
-TYPE_KEY, KEYS_KEY, RECORD_PREFIX, RECORDS_KEY = "flowerdro.type", "flowerdro.keys", "flowerdro.record.", \
-    "flowerdro.records"
-
-
-# --------------------------------------------------------------------------- conversions
-def _record_bytes(rec: ArrayRecord) -> bytes:
-    """An ArrayRecord as ``.npz`` bytes (read back without pickle)."""
-    buf = io.BytesIO()
-    np.savez(buf, **{f"a{i}": rec[k].numpy() for i, k in enumerate(rec.keys())},
-             __keys__=np.array(json.dumps(list(rec.keys()))))
-    return buf.getvalue()
-
-
-def _record_of(data: bytes) -> ArrayRecord:
-    """The inverse of :func:`_record_bytes`."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        keys = json.loads(str(z["__keys__"]))
-        return ArrayRecord({k: Array(np.array(z[f"a{i}"])) for i, k in enumerate(keys)})
-
-
-def message_to_ins(message: Message) -> tuple[Parameters, dict[str, Scalar]]:
-    """A flowerdro training or evaluate message as the (parameters, config) of a FitIns/EvaluateIns."""
-    content = message.content
-    model = content.array_records["arrays"]
-    config: dict[str, Scalar] = {}
-    cfg = content.config_records.get("config")
-    for k, v in (cfg or {}).items():
-        config[k] = json.dumps(v) if isinstance(v, list) else v  # type: ignore[assignment]
-    config[TYPE_KEY] = message.metadata.message_type
-    config[KEYS_KEY] = json.dumps(list(model.keys()))
-    for name, rec in content.array_records.items():
-        if name != "arrays":
-            config[RECORD_PREFIX + name] = _record_bytes(rec)
-    return ndarrays_to_parameters([model[k].numpy() for k in model.keys()]), config
-
-
-def ins_to_content(parameters: Parameters, config: Mapping[str, Scalar]) -> tuple[str, RecordDict]:
-    """The message type and Message-API content of a flowerdro FitIns/EvaluateIns (client side)."""
-    keys = json.loads(str(config[KEYS_KEY]))
-    values = parameters_to_ndarrays(parameters)
-    if len(values) != len(keys):
-        raise ValueError(f"{TYPE_KEY}: {len(values)} arrays for {len(keys)} keys")
-    content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})})
-    cfg = {}
-    for k, v in config.items():
-        if k.startswith(RECORD_PREFIX):
-            content[k[len(RECORD_PREFIX):]] = _record_of(bytes(v))  # type: ignore[arg-type]
-        elif not k.startswith("flowerdro."):
-            cfg[k] = v
-    content["config"] = ConfigRecord(cfg)
-    return str(config[TYPE_KEY]), content
-
-
-def reply_to_fitres(reply: Message, *, uniform: bool) -> FitRes:
-    """A flowerdro training reply as a FitRes: the model, then its extra records, as parameters."""
-    if reply.has_error():
-        return FitRes(Status(Code.FIT_NOT_IMPLEMENTED, str(reply.error.reason)), Parameters([], ""), 0, {})
-    content = reply.content
-    names = ["arrays", *sorted(n for n in content.array_records if n != "arrays")]
-    arrays, layout = [], []
-    for name in names:
-        rec = content.array_records[name]
-        arrays.extend(rec[k].numpy() for k in rec.keys())
-        layout.append([name, list(rec.keys())])
-    metrics = {k: v for k, v in metrics_of(reply).items() if isinstance(v, int | float)}
-    metrics[RECORDS_KEY] = json.dumps(layout)
-    n = 1 if uniform else int(metrics.get(NUM_EXAMPLES, 1))
-    return FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(arrays), n, metrics)  # type: ignore[arg-type]
-
-
-def fitres_to_content(res: FitRes) -> RecordDict:
-    """The Message-API content of a flowerdro FitRes (server side): the model, its extra records, the metrics."""
-    metrics = dict(res.metrics)
-    layout = json.loads(str(metrics.pop(RECORDS_KEY)))
-    values = parameters_to_ndarrays(res.parameters)
-    content, i = RecordDict(), 0
-    for name, keys in layout:
-        content[name] = ArrayRecord({k: Array(np.asarray(values[i + j])) for j, k in enumerate(keys)})
-        i += len(keys)
-    if i != len(values):
-        raise ValueError(f"{RECORDS_KEY}: {len(values)} arrays returned, {i} listed")
-    # a bool (the legacy adaptive clipping mod's norm bit) as 0/1: a MetricRecord holds numbers only
-    content["metrics"] = MetricRecord({k: int(v) if isinstance(v, bool) else v for k, v in metrics.items()
-                                       if isinstance(v, int | float)})
-    return content
-
 
 # --------------------------------------------------------------------------- server side
 class LegacyStrategy(Strategy):
@@ -285,7 +190,7 @@ class LegacyStrategy(Strategy):
                 answered.add(nid)
                 reason = getattr(getattr(res, "status", None), "message", str(res))
                 replies.append(Message(Error(code=0, reason=str(reason)), reply_to=self._sent[nid]))
-            else:
+            elif str(f) not in reasons:
                 reasons.append(str(f))
         if reasons:
             for nid in (n for n in self._sent if n not in answered):
@@ -469,25 +374,9 @@ class LegacyClientApp(ClientApp):
         if "." in mtype or "arrays" in message.content.array_records:  # flowerdro's Message-API messages
             reply = self.kit(context).serve(mtype)(message, context)
             return self._mods.report(message, reply)
-        ins = _flowerdro_ins(message)
-        if ins is None:
+        if flowerdro_ins(message) is None:
             return self._call(message, context)  # type: ignore[misc]  # Flower's legacy path (client_fn)
-        parameters, config, kind = ins
-        ftype, content = ins_to_content(parameters, config)
-        metadata = copy.copy(message.metadata)
-        metadata.message_type = ftype
-        inner = Message(content=content, metadata=metadata)
-        reply = self.kit(context).serve(ftype)(inner, context)
-        if kind == "fitins":
-            res = reply_to_fitres(reply, uniform=config.get("flowerdro.weight") == "uniform")
-            return Message(content=compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
-        if reply.has_error():
-            return Message(reply.error, reply_to=message)
-        metrics = dict(metrics_of(reply))
-        loss_metric = str(content["config"].get("loss-metric", "test_loss"))
-        loss = float(metrics.get(loss_metric, math.nan))
-        res = EvaluateRes(Status(Code.OK, "Success"), loss, int(metrics.get(NUM_EXAMPLES, 0)), metrics)
-        return Message(content=compat.evaluateres_to_recorddict(res), reply_to=message)
+        return serve_ins(message, context, self.kit(context).serve)
 
     def kit(self, context: Context) -> ClientKit:
         """The node's kit, built once from its NumPyClient."""
@@ -525,14 +414,3 @@ class LegacyClientApp(ClientApp):
         return ClientKit(model_fn=lambda: net, data_fn=lambda pid, n: (getattr(client, train_attr),
                                                                          getattr(client, test_attr)),
                          loss_fn=self._loss_fn, train_fn=train_fn if self._use_fit else None, **options)
-
-
-def _flowerdro_ins(message: Message) -> tuple[Parameters, dict[str, Scalar], str] | None:
-    """(parameters, config, "fitins" | "evaluateins") of a flowerdro FitIns/EvaluateIns, else None."""
-    for kind in ("fitins", "evaluateins"):
-        cfg = message.content.config_records.get(f"{kind}.config")
-        if cfg is not None and TYPE_KEY in cfg:
-            convert = compat.recorddict_to_fitins if kind == "fitins" else compat.recorddict_to_evaluateins
-            ins = convert(message.content, keep_input=True)
-            return ins.parameters, dict(ins.config), kind
-    return None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 
+from flowerdro.settings import Settings, setting
 from flowerdro.strategies.messaging import Expected, metrics_of
 
 if TYPE_CHECKING:
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 
     from flowerdro.strategies.base import FairStrategy
 
-__all__ = ["CENTRAL_DP", "LOCAL_DP", "MECHANISMS", "SECAGG", "DP_KINDS", "PrivacyError", "central_dp",
+__all__ = ["CENTRAL_DP", "DP_KINDS", "LOCAL_DP", "MECHANISMS", "SECAGG", "PrivacyError", "PrivacySettings", "central_dp",
            "check_caller", "check_client_clipping", "check_client_mods", "composes", "dp_from_run_config",
            "refusal"]
 
@@ -67,6 +69,30 @@ DP_KINDS: tuple[str, ...] = ("server-fixed", "server-adaptive", "client-fixed", 
 UPDATE_MODS = ("fixedclipping_mod", "adaptiveclipping_mod", "LocalDpMod", "secaggplus_mod")
 #: Relative slack of the client-side clipping check: the mods clip in float32.
 CLIP_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class PrivacySettings(Settings):
+    """Central differential privacy around the strategies of flowerdro's ServerApp and experiments runner."""
+
+    dp: str = setting("", "Flower's central-DP wrapper around every strategy (\"\": none); a strategy it cannot "
+                          "protect is refused before its first message", choices=("", *DP_KINDS))
+    dp_noise_multiplier: float = setting(1.0, "z: the aggregate's Gaussian noise has standard deviation z·C/m", ge=0)
+    dp_clipping_norm: float = setting(1.0, "C, the clipping norm (the initial one with adaptive clipping)", gt=0)
+    dp_accountant: bool = setting(False, "account the privacy spent (RDP, no amplification; fixed clipping, "
+                                         "weighting = \"uniform\"); ε per round in the records")
+    dp_delta: float = setting(1e-5, "δ at which the accountant reports ε", gt=0, lt=1)
+    dp_max_epsilon: float | None = setting(None, "stop before a round would spend more than this ε (unset: no "
+                                                 "limit)", gt=0)
+    dp_target_quantile: float = setting(0.5, "adaptive clipping: the quantile of update norms C tracks", ge=0, le=1)
+    dp_clip_norm_lr: float = setting(0.2, "adaptive clipping: the step of C's geometric update", gt=0)
+
+    def check(self) -> None:
+        """An accountant needs fixed clipping and noise."""
+        if self.dp_accountant and not self.dp:
+            raise ValueError("dp-accountant: needs dp (\"server-fixed\" or \"client-fixed\")")
+        if self.dp_accountant and self.dp.endswith("adaptive"):
+            raise ValueError(f"dp-accountant: Flower accounts for fixed clipping only; got dp = {self.dp!r}")
 
 
 class PrivacyError(ValueError):
@@ -466,3 +492,39 @@ def privacy_record(strategy: FairStrategy) -> dict[str, Any] | None:
 def mod_names(mods: Sequence[Any]) -> list[str]:
     """The names a client reports for its mods (a function's name, an instance's class name)."""
     return [getattr(m, "__name__", None) or type(m).__name__ for m in mods]
+
+
+#: The columns of :func:`composition_table`: a piece of Flower and the mechanism it is.
+PIECES: tuple[tuple[str, str], ...] = (
+    ("central DP, server-side clipping (fixed / adaptive)", CENTRAL_DP),
+    ("central DP, client-side clipping (fixed / adaptive)", CENTRAL_DP),
+    ("LocalDpMod", LOCAL_DP),
+    ("SecAgg+ (legacy API)", SECAGG),
+)
+
+
+def composition_table() -> str:
+    """Markdown: every registered strategy × Flower's privacy pieces → runs, or refused and why.
+
+    From the strategies' own declarations (:meth:`FairStrategy.unprotected`) under their
+    default settings; the test matrix runs every pair and checks the outcome.
+    """
+    from flowerdro.strategies import build_strategy
+    from flowerdro.strategies.registry import strategy_names
+
+    rows = ["| strategy | " + " | ".join(p for p, _ in PIECES) + " |", "|---|" + "---|" * len(PIECES)]
+    reasons: dict[str, str] = {}
+    for name in strategy_names():
+        strategy = build_strategy(name, {})
+        cells = []
+        for _, mechanism in PIECES:
+            what = strategy.unprotected(mechanism)
+            if what is None:
+                cells.append("runs")
+            else:
+                ref = reasons.setdefault(what, f"R{len(reasons) + 1}")
+                cells.append(f"refused ({ref})")
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.extend(f"{ref}: {what}." for what, ref in reasons.items())
+    return "\n".join(rows) + "\n"

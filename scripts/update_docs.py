@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Regenerate the run-config key tables of README.md and docs/protocol.md from the settings classes.
 
+The ``privacy-composition`` block is the table of which strategy composes with which of
+Flower's privacy pieces, from the declarations that tests/integration/test_privacy_matrix.py
+checks by running every pair.
+
 Each table sits between ``<!-- keys:NAME -->`` and ``<!-- /keys -->``; NAME is a group of
 :func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data) or the name of a
 registered strategy (its own settings). ``--check`` exits 1 when a table is out of date
@@ -20,7 +24,11 @@ BLOCK = re.compile(r"(<!-- keys:([a-z0-9+-]+) -->\n)(.*?)(<!-- /keys -->)", re.S
 
 
 def table(name: str) -> str:
-    """The markdown table of the keys of group or strategy ``name``."""
+    """The markdown table of the keys of group or strategy ``name`` (``privacy-composition``: who composes)."""
+    if name == "privacy-composition":
+        from flowerdro.privacy import composition_table
+
+        return composition_table()
     from flowerdro.runs.config import settings_groups
     from flowerdro.settings import describe
     from flowerdro.strategies.registry import ALGORITHMS
@@ -32,7 +40,11 @@ def table(name: str) -> str:
         for info in describe(cls):
             default = "unset" if info.default is None else (
                 ",".join(map(str, info.default)) if isinstance(info.default, tuple) else info.default)
-            rows.append(f"| `{info.key}` | {info.meaning} | `{default}` | {info.allowed or info.type} |")
+            default = '""' if default == "" else default
+            allowed = info.allowed or info.type
+            if allowed.startswith(", "):  # an empty choice: "" (off)
+                allowed = '"" (off)' + allowed
+            rows.append(f"| `{info.key}` | {info.meaning} | `{default}` | {allowed} |")
     return "\n".join(rows) + "\n"
 
 

@@ -37,6 +37,7 @@ from flwr.clientapp import ClientApp
 
 from flowerdro.clients.mods import ModChain, ReportMods
 from flowerdro.clients.routes import ROUTE_SPECS, handler
+from flowerdro.legacy_wire import FromLegacy
 
 
 def serve(message: Message, context: Context) -> Message:
@@ -64,9 +65,18 @@ def client_app(mods: Sequence[Any] | None = None) -> ClientApp:
     out = ClientApp()
     for mtype in ROUTE_SPECS:
         category, _, action = mtype.partition(".")
-        route = ReportMods(serve, chain) if mtype == "query.init" else serve
+        route: Any = serve
+        if mtype == "query.init":
+            route = ReportMods(serve, chain)
+        elif mtype in ("train", "evaluate"):  # also a LegacyStrategy's FitIns / EvaluateIns
+            route = FromLegacy(serve, serve_any)
         getattr(out, category)(action or "default", mods=chain.for_type(mtype))(route)
     return out
+
+
+def serve_any(message_type: str) -> Any:
+    """The handler of any flowerdro message type: :func:`serve` (it routes by the message's type)."""
+    return serve
 
 
 app = client_app()

@@ -56,6 +56,7 @@ from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
 from flowerdro.clients.mods import ModChain, ReportMods, is_update_mod, mod_name
 from flowerdro.clients.routes import ROUTE_SPECS, handler
+from flowerdro.legacy_wire import FromLegacy
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -547,9 +548,11 @@ def add_routes(app: ClientApp, kit: ClientKit, *, replace: bool = False,
             if not replace:
                 continue
             del registered[full]
-        handler_ = kit.serve(mtype)
+        handler_: Any = kit.serve(mtype)
         if mtype == "query.init":
-            handler_ = ReportMods(handler_, chain)  # type: ignore[assignment]
+            handler_ = ReportMods(handler_, chain)
+        elif mtype in ("train", "evaluate"):  # also a LegacyStrategy's FitIns / EvaluateIns
+            handler_ = FromLegacy(handler_, kit.serve)
         getattr(app, category)(action or "default", mods=chain.for_type(mtype))(handler_)
     return app
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flowerdro.data.config import DataConfig
+from flowerdro.privacy import PrivacySettings
 from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.runs.driver import RunSettings
 from flowerdro.settings import Settings, check_known_keys
@@ -36,6 +37,7 @@ def settings_groups() -> dict[str, list[type[Settings]]]:
         "loop": [LoopSettings],
         "clients": [TrainingSettings, NodeSettings],
         "data": [DataConfig],
+        "privacy": [PrivacySettings],
         "algorithms": algorithms,
     }
 

@@ -22,8 +22,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flowerdro.privacy import PrivacySettings, dp_from_run_config
 from flowerdro.runs.report import comparison_table, final_summary
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Settings, read_settings, setting
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.base import FairStrategy, RunFailedError
 
@@ -133,6 +134,8 @@ def run_plans(
     """
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
                                    run_name=plan.label, resume=resume, overwrite=overwrite)) for plan in plans]
+    for plan, strategy in built:  # central DP when the run config asks: refused here for a strategy it cannot protect
+        dp_from_run_config(strategy, read_settings(PrivacySettings, plan.run_config))
     seeds = sorted({p.seed for p in plans})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
     t0 = time.time()

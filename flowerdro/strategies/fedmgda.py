@@ -327,8 +327,9 @@ class FedMGDA(FairStrategy):
                 return ("per-client losses before and after the step (track-improvement: query.loss or "
                         "train_loss), read by partition")
             return None
-        return ("each sampled client's update g_i (normalised by its own norm ‖g_i‖ and weighted by the min-norm "
-                "QP), so the aggregate is not a mean of clipped updates and a secure sum cannot give it")
+        scaled = "normalised by its own norm ‖g_i‖ and weighted" if self.normalize else "weighted"
+        return (f"each sampled client's update g_i ({scaled} by the min-norm QP over the updates' Gram matrix), so "
+                "the aggregate is not a mean of clipped updates and a secure sum cannot give it")
 
     # ------------------------------------------------------------------ the step as replies arrive
     def start_stream(self, arrays: ArrayRecord, capacity: int) -> ReplyStream:
