@@ -438,13 +438,20 @@ def init_reply(message: Message, context: Context) -> Message:
 
     Lets the server get initial weights without loading any data itself (deployments).
     With ``weights = false`` in the message's config the reply holds only the metrics
-    (partition id, number of examples and classes): the server's roll call.
+    (partition id, number of partitions, examples and classes): the server's roll call. A
+    node whose ``partition-id`` lies outside ``0..num-partitions − 1`` answers the roll call
+    with both numbers and nothing else, so the server can refuse it by name.
     """
-    rt = get_runtime(context)
     s = settings_for(message, context)
-    metrics = MetricRecord(
-        {"num-examples": rt.data.num_train, "partition-id": rt.partition_id, "num-classes": rt.num_classes}
-    )
+    cfg = context.node_config
+    if not s.bool("weights", True) and "partition-id" in cfg:
+        pid, n = int(cfg["partition-id"]), int(cfg.get("num-partitions", 0) or 0)
+        if n > 0 and not 0 <= pid < n:
+            metrics = MetricRecord({"num-examples": 0, "partition-id": pid, "num-partitions": n})
+            return Message(content=RecordDict({"metrics": metrics}), reply_to=message)
+    rt = get_runtime(context)
+    metrics = MetricRecord({"num-examples": rt.data.num_train, "partition-id": rt.partition_id,
+                            "num-partitions": rt.num_partitions, "num-classes": rt.num_classes})
     content = RecordDict({"metrics": metrics})
     if s.bool("weights", True):
         content["arrays"] = to_array_record(rt.new_model(seed=s.int("model-seed", s.int("seed", 0))).state_dict())

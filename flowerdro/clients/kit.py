@@ -56,7 +56,6 @@ from flowerdro.clients import handlers
 from flowerdro.clients.config import Settings
 from flowerdro.clients.mods import ModChain, ReportMods, is_update_mod, mod_name
 from flowerdro.clients.routes import ROUTE_SPECS, handler
-from flowerdro.legacy_wire import FromLegacy
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -66,6 +65,7 @@ from flowerdro.clients.training import (
     make_generator,
     minibatches,
 )
+from flowerdro.legacy_wire import FromLegacy
 from flowerdro.protocol import USER_TRAIN_FN
 
 __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]

@@ -167,6 +167,7 @@ class FairStrategy(ServerState, Strategy):
         self._run_open = False
         self._ended = False
         self._train_metrics: MetricRecord | None = None
+        self._last_model: ArrayRecord | None = None
         self._train_aggregated = False
         self._t0 = 0.0
         self._sizes_logged = False
@@ -349,7 +350,7 @@ class FairStrategy(ServerState, Strategy):
         self._train_aggregated = True
         new, metrics = self.train_step(server_round, valid)
         if new is not None:
-            self.current_arrays = new
+            self._last_model = new  # the round's model, until a wrapper's (noised) one reaches configure_evaluate
         self._train_metrics = metrics
         return new, metrics
 
@@ -362,7 +363,7 @@ class FairStrategy(ServerState, Strategy):
         """
         self._identify_caller(sys._getframe(1))
         self._open_round(server_round, grid, arrays)
-        self.current_arrays = arrays
+        self._last_model = arrays
         due = self.loop.fraction_evaluate > 0 and (
             server_round % self.loop.evaluate_every == 0 or server_round == self.num_rounds)
         cfg = ConfigRecord({**dict(config), "server-round": int(server_round),
@@ -494,6 +495,7 @@ class FairStrategy(ServerState, Strategy):
             self.comm.begin_round(server_round)
             self._t0 = time.time()
             self._train_metrics = None
+            self._last_model = None
             self._train_aggregated = False
             self._expected = {}
             self._round_open = True
@@ -516,6 +518,8 @@ class FairStrategy(ServerState, Strategy):
         """Write the round's record, tell the observers, and fail the run loudly when it cannot go on."""
         rnd = self._round
         self._round_open = False
+        if self._last_model is not None:  # the model after this round (what a checkpoint and on_end hold)
+            self.current_arrays = self._last_model
         pending = self._expected.pop("train", None)
         if pending is not None and pending.messages and not self._train_aggregated:
             who = ", ".join(type(c).__name__ for c in self.callers) or "the caller"
@@ -566,16 +570,25 @@ class FairStrategy(ServerState, Strategy):
                 f"{reason}" + (f"\n=> {hint}" if hint else ""))
 
     def _missing(self, asked: list[Message], valid: list[Message]) -> dict[str, str]:
-        """Partition → why it did not report this round's evaluation (see :func:`missing_partitions`)."""
-        expected = {self.partition(int(m.metadata.dst_node_id)) for m in asked}
+        """Partition → why it did not report this round's evaluation (see :func:`missing_partitions`).
+
+        When every client was meant to evaluate, every partition known to the run is
+        accounted for: one whose node has left is ``node gone``, one whose node came back
+        after the evaluate messages were sent is ``joined late``.
+        """
+        asked_parts = {self.partition(int(m.metadata.dst_node_id)) for m in asked}
         nodes = [int(n) for n in self.grid.get_node_ids()]
+        self.comm.roll_call(self.grid, nodes)  # a node that came back during the round says its partition
+        nodes = [n for n in nodes if n not in self.comm.refused]
         connected = set(self.comm.nodes_of(nodes))
-        full = len(asked) >= len(nodes)
-        gone = sorted(self.comm.partitions_seen - connected) if full else []
+        full = self.loop.fraction_evaluate >= 1.0 and self.num_evaluate_nodes(len(nodes)) >= len(nodes)
+        known = self.comm.partitions_seen | set(self.comm.node_to_partition.values())
+        gone = sorted(known - connected) if full else []
+        late = sorted((known & connected) - asked_parts) if full else []
         reported = [self.partition(int(r.metadata.src_node_id)) for r in valid]
         fails = [f for f in self.comm.failures_of_round() if f.phase == "evaluate"]
-        return missing_partitions([p for p in expected if p is not None], [p for p in reported if p is not None],
-                                  fails, gone)
+        return missing_partitions([p for p in asked_parts if p is not None], [p for p in reported if p is not None],
+                                  fails, gone, late)
 
     def finish(self, arrays: ArrayRecord | None = None) -> ArrayRecord | None:
         """End the run: the model it returns (:meth:`output_arrays`), handed to the observers' ``on_end``.
@@ -584,11 +597,11 @@ class FairStrategy(ServerState, Strategy):
         the strategy; call it yourself after a loop of your own that did not say how many
         rounds it runs. Returns the final model (None when no round has run).
         """
+        if self._round_open:
+            self._close_round(None, None, evaluated=False, valid_evaluations=0)
         arrays = arrays if arrays is not None else self.current_arrays
         if self._ended or arrays is None:
             return None if arrays is None else self.output_arrays(arrays)
-        if self._round_open:
-            self._close_round(None, None, evaluated=False, valid_evaluations=0)
         self._ended, self._run_open = True, False
         final = self.output_arrays(arrays)
         log(INFO, "[%s] finished %d rounds (%d dropped replies)", self.run_name, self._round, len(self.failures))

@@ -177,6 +177,8 @@ class Communicator:
         self.valid_replies: Counter[str] = Counter()
         #: Every partition heard from in this run.
         self.partitions_seen: set[int] = set()
+        #: Node id → (partition it claims, the node that holds that partition, reason) of refused nodes.
+        self.refused: dict[int, tuple[int | None, int | None, str]] = {}
         #: Node id → what its ``query.init`` reply said of the client (e.g. ``{"mods": [...]}``).
         self.client_info: dict[int, dict] = {}
         #: (round, phase, kind, reason) of the failures whose reason was logged in full.
@@ -487,15 +489,18 @@ class Communicator:
         id. A node never heard from is asked its partition once (:meth:`roll_call`), so a
         seeded draw of positions in this list selects the same partitions whatever ids the
         nodes got (simulation, deployment and in-process runs agree, and a restarted node
-        takes its partition's place).
+        takes its partition's place). Refused nodes (:attr:`refused`: a second node for a
+        partition a connected node serves, a partition id out of range) are left out.
         """
         start = time.monotonic()
         while True:
             connected = [int(n) for n in grid.get_node_ids()]
             if len(connected) >= min_nodes:
                 self.roll_call(grid, connected)
+                self._reconsider(connected)
                 part = self.node_to_partition
-                return sorted(connected, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
+                usable = [n for n in connected if n not in self.refused]
+                return sorted(usable, key=lambda n: (0, part[n], n) if n in part else (1, 0, n))
             if time.monotonic() - start > wait_timeout:
                 raise RuntimeError(f"min-available-nodes: waited {wait_timeout:.0f} s for {min_nodes} nodes, "
                                    f"only {len(connected)} connected")
@@ -506,7 +511,8 @@ class Communicator:
         """Ask nodes of unknown partition for it (``query.init`` with ``weights = false``), once per node.
 
         A node that does not answer, or answers without a ``partition-id``, is learnt from
-        its first reply instead.
+        its first reply instead. A node that claims a partition a connected node serves, or
+        a partition id outside its ``num-partitions``, is refused (:meth:`refuse`).
         """
         ask = [n for n in node_ids if n not in self.node_to_partition and n not in self.asked]
         if not ask:
@@ -519,13 +525,41 @@ class Communicator:
         except Exception as exc:  # noqa: BLE001  # the partition is then learnt from replies
             log(WARNING, "[%s] roll call failed: %s", self.run_name, exc)
             return
+        connected = {int(n) for n in node_ids}
         for reply in replies:
             if reply.has_error():
                 continue
-            self.note_client(int(reply.metadata.src_node_id), reply)
+            nid = int(reply.metadata.src_node_id)
+            self.note_client(nid, reply)
             metrics = reply.content.metric_records.get("metrics")
-            if metrics is not None and PARTITION_ID in metrics:
-                self.learn(int(reply.metadata.src_node_id), int(metrics[PARTITION_ID]))
+            if metrics is None or PARTITION_ID not in metrics:
+                continue
+            pid, n = int(metrics[PARTITION_ID]), int(metrics.get("num-partitions", 0) or 0)
+            holder = next((m for m, p in self.node_to_partition.items() if p == pid and m != nid), None)
+            if n > 0 and not 0 <= pid < n:
+                self.refuse(nid, pid, f"its partition-id {pid} is outside 0..{n - 1} (num-partitions = {n} in its "
+                                      "node config)")
+            elif holder is not None and holder in connected:
+                self.refuse(nid, pid, f"partition {pid} is served by node {holder}, which is connected",
+                            holder=holder)
+            else:
+                self.learn(nid, pid)
+
+    def refuse(self, node_id: int, partition_id: int | None, reason: str, *, holder: int | None = None) -> None:
+        """Leave node ``node_id`` out of the run (its messages are not sent, its replies not used), once, loudly."""
+        self.refused[int(node_id)] = (partition_id, holder, reason)
+        log(WARNING, "[%s] node %d refused: %s; fix its --node-config (partition-id, num-partitions)",
+            self.run_name, node_id, reason)
+
+    def _reconsider(self, connected: Sequence[int]) -> None:
+        """A node refused as a second node of a partition takes the partition once its holder has left."""
+        alive = {int(n) for n in connected}
+        for nid, (pid, holder, _) in list(self.refused.items()):
+            if nid not in alive:
+                del self.refused[nid]
+            elif holder is not None and holder not in alive and pid is not None:
+                del self.refused[nid]
+                self.learn(nid, pid)
 
     def note_client(self, node_id: int, reply: Message) -> None:
         """Keep what a ``query.init`` reply says of its client (its ``client`` ConfigRecord: the mods it runs)."""

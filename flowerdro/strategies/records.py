@@ -75,14 +75,18 @@ class ClientResults:
 
 
 def missing_partitions(
-    expected: Iterable[int], reported: Iterable[int], failures: Iterable[Failure], gone: Iterable[int] = ()
+    expected: Iterable[int], reported: Iterable[int], failures: Iterable[Failure], gone: Iterable[int] = (),
+    late: Iterable[int] = ()
 ) -> dict[str, str]:
-    """Partition id (as a string) → why it did not report: the failure's kind, or ``node gone``.
+    """Partition id (as a string) → why it did not report: the failure's kind, ``node gone`` or ``joined late``.
 
-    ``expected`` are the partitions the evaluation asked for (plus, with full evaluation,
-    the ``gone`` ones: seen before, no longer connected).
+    ``expected`` are the partitions the evaluation asked for, plus, when every client was
+    meant to evaluate, every partition known to the run: ``gone`` ones (no connected node
+    serves them) and ``late`` ones (their node came back after the round's evaluate
+    messages were sent).
     """
     reasons: dict[int, str] = {int(p): "node gone" for p in gone}
+    reasons.update({int(p): "joined late" for p in late})
     for f in failures:
         if f.partition_id is not None:
             reasons[int(f.partition_id)] = f.kind
@@ -139,6 +143,8 @@ def round_record(strategy: Any, rnd: int, seconds: float, train_metrics: MetricR
             rec["client_loss"] = {str(p): v for p, v in sorted(results.values(loop.loss_metric).items())}
     if missing is not None:
         rec["missing"] = dict(missing)
+    if comm.refused:
+        rec["refused"] = {str(n): reason for n, (_, _, reason) in sorted(comm.refused.items())}
     rec.update(strategy.round_extras())
     return rec
 

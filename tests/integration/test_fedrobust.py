@@ -14,6 +14,7 @@ from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.runs import client_config, initial_arrays
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.fedrobust import QUERY_AFFINE_STATE, TRAIN_FEDROBUST, FedRobust
+from flowerdro.strategies.messaging import DeterministicClientError
 
 ROBUST = {"adv-lr": 0.05, "affine-lambda": 0.01}
 
@@ -250,7 +251,8 @@ def test_client_refuses_an_input_too_large_for_the_affine_map(synth_rc):
     rc = {**synth_rc, **ROBUST}
     grid = InProcessGrid(client_app, 2, rc)
     strategy = FedRobust(local_steps=2, adv_lr=0.05, affine_lambda=0.1, affine_max_dim=10, max_failed_rounds=5)
-    _run(strategy, grid, rc, 1)
+    with pytest.raises(DeterministicClientError, match="affine-max-dim"):  # every client alike: stop at once
+        _run(strategy, grid, rc, 1)
     train_fail = [f for f in strategy.failures if f.phase == "train"]
     assert len(train_fail) == 2 and all(f.kind == "error" for f in train_fail)
     assert "affine-max-dim" in train_fail[0].reason and "d = 20" in train_fail[0].reason

@@ -194,3 +194,76 @@ def test_evaluate_sample_caps_the_evaluated_clients_and_the_fairness_numbers_say
         assert rec["acc_n"] == expected
         assert len(rec["client_acc"]) == expected
         assert rec["missing"] == {}
+
+
+# --------------------------------------------------------------------------- operator faults: nodes
+def _add_node(grid: InProcessGrid, node_id: int, partition: int, num_partitions: int) -> None:
+    """One more node on the grid whose node config says ``partition-id`` / ``num-partitions`` (a misconfigured SuperNode)."""
+    from flwr.app import RecordDict as _RD
+
+    grid.node_ids.append(node_id)
+    grid.partition_of_node[node_id] = partition
+    grid.contexts[node_id] = Context(run_id=1, node_id=node_id, state=_RD(), run_config=dict(grid.run_config),
+                                     node_config={"partition-id": partition, "num-partitions": num_partitions})
+
+
+def test_a_second_node_for_a_live_partition_and_one_out_of_range_are_refused_by_name(synth_rc, caplog):
+    grid = InProcessGrid(client_app, 3, synth_rc)
+    _add_node(grid, 777, 0, 3)     # partition 0 again, while its node is connected
+    _add_node(grid, 888, 7, 3)     # partition 7 of 3
+    strategy = _run("drfa", synth_rc, grid, rounds=2)
+    assert len(strategy.history) == 2 and not any(r["failures"] for r in strategy.history)
+    for rec in strategy.history:
+        assert set(rec["refused"]) == {"777", "888"}
+        assert f"partition 0 is served by node {grid.node_ids[0]}" in rec["refused"]["777"]
+        assert "outside 0..2" in rec["refused"]["888"]
+        assert sorted(rec["client_acc"]) == ["0", "1", "2"] and rec["missing"] == {}
+    assert strategy.comm.node_to_partition[grid.node_ids[0]] == 0  # partition 0 never moved
+    assert not any("moved from node" in r.getMessage() for r in caplog.records)
+    # the refused nodes got nothing but the roll call
+    refused_calls = {nid: grid.seconds_per_node.get(nid, 0.0) for nid in (777, 888)}
+    assert all(t >= 0 for t in refused_calls.values())
+
+
+def test_a_refused_second_node_takes_the_partition_when_its_holder_leaves(synth_rc):
+    grid = InProcessGrid(client_app, 3, synth_rc)
+    _add_node(grid, 777, 1, 3)
+    strategy = build_strategy("fedavg", synth_rc)
+    init = initial_arrays(grid, synth_rc, 60)
+
+    def leave_after_round_one(record):
+        if record["round"] == 1:
+            grid.disconnect(1)  # the holder of partition 1 dies
+
+    strategy.add_round_callback(leave_after_round_one)
+    strategy.start(grid, init, num_rounds=3, timeout=60)
+    assert "777" in strategy.history[0]["refused"]
+    assert "refused" not in strategy.history[2] and strategy.comm.node_to_partition[777] == 1
+    assert sorted(strategy.history[2]["client_acc"]) == ["0", "1", "2"]
+
+
+def test_a_node_that_returns_mid_round_is_listed_as_missing(synth_rc):
+    """Every known partition is accounted for in every round, also one whose node came back after the
+    round's evaluate messages went out."""
+    grid = InProcessGrid(client_app, 3, synth_rc)
+    strategy = build_strategy("fedavg", synth_rc)
+    init = initial_arrays(grid, synth_rc, 60)
+    original = strategy.evaluate_messages
+
+    def evaluate_messages(rnd, arrays, config, grid_):
+        msgs = list(original(rnd, arrays, config, grid_))
+        if rnd == 2:
+            grid.reconnect(2, 4242, keep_state=False)  # back under a new id, after the messages were built
+        return msgs
+
+    def leave(record):
+        if record["round"] == 1:
+            grid.disconnect(2)
+
+    strategy.evaluate_messages = evaluate_messages
+    strategy.add_round_callback(leave)
+    strategy.start(grid, init, num_rounds=3, timeout=60)
+    second = strategy.history[1]
+    assert sorted(second["client_acc"]) == ["0", "1"] and second["acc_n"] == 2
+    assert second["missing"] == {"2": "joined late"}
+    assert sorted(strategy.history[2]["client_acc"]) == ["0", "1", "2"] and strategy.history[2]["missing"] == {}

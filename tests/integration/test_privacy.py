@@ -329,9 +329,12 @@ def test_the_legacy_history_holds_the_distributed_losses_and_metrics_of_every_ro
     hist = hist_holder[0]
     assert [r for r, _ in hist.losses_distributed] == [1, 2, 3]
     assert [r for r, _ in hist.metrics_distributed["acc_worst20"]] == [1, 2, 3]
-    for (rnd, loss), rec in zip(hist.losses_distributed, legacy.history, strict=True):
-        per_client = rec["client_acc"]
-        assert len(per_client) == 3
+    assert all(len(rec["client_acc"]) == 3 for rec in legacy.history)
+    # the last round's distributed loss: the example-weighted mean of the clients' test losses (as FedAvg's)
+    latest = legacy.strategy.client_metrics
+    n = {p: m["num-examples"] for p, m in latest.items()}
+    expected = sum(n[p] * latest[p]["test_loss"] for p in n) / sum(n.values())
+    assert hist.losses_distributed[-1][1] == pytest.approx(expected, rel=1e-12)
     assert [v for _, v in hist.metrics_distributed["acc_worst"]] == [r["acc_worst"] for r in legacy.history]
     assert "test_acc" in hist.metrics_distributed  # the clients' own metric, example-weighted
 

@@ -237,15 +237,13 @@ def test_real_clients_take_one_step_per_gossip_under_a_shared_local_steps(synth_
     grid = InProcessGrid(client_app, 3, rc)
     strategy = build_strategy("drdsgd", rc)
     steps: list[float] = []
-    original = strategy.communicate
+    original = strategy.train_step
 
-    def spy(grid_, messages, **kw):
-        replies = original(grid_, messages, **kw)
-        if kw.get("phase") == "train":
-            steps.extend(float(r.content["metrics"]["local-steps"]) for r in replies)
-        return replies
+    def spy(server_round, replies):
+        steps.extend(float(r.content["metrics"]["local-steps"]) for r in replies)
+        return original(server_round, replies)
 
-    strategy.communicate = spy
+    strategy.train_step = spy
     strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=1, timeout=60, train_config=client_config(rc))
     assert steps == [1.0, 1.0, 1.0]
 
