@@ -25,6 +25,7 @@ import copy
 import hashlib
 import json
 import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -96,6 +97,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"if you wrote it yourself, convert its folder with `python -m flowerdro.runs.migrate {path.parent}`, "
             "or delete it and start the run afresh")
     try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+        if not magic:
+            raise CheckpointError("the file is empty")
+        if magic[:1] == b"\x80":
+            raise CheckpointError("it holds pickled data, which is never loaded")
+        if magic[:2] != b"PK":
+            raise CheckpointError(f"not an .npz archive (it starts with {magic!r})")
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise CheckpointError("not an .npz archive")
@@ -107,6 +116,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             loaded = {n: data[n] for n in names}
     except CheckpointError as exc:
         raise CheckpointError(f"checkpoint {path} is damaged: {exc}") from None
+    except zipfile.BadZipFile as exc:
+        raise CheckpointError(f"checkpoint {path} is damaged: the archive is truncated or corrupt "
+                              f"(BadZipFile: {exc})") from exc
+    except ValueError as exc:
+        if "pickle" not in str(exc):
+            raise CheckpointError(f"checkpoint {path} is damaged: ValueError: {exc}") from exc
+        raise CheckpointError(f"checkpoint {path} is damaged: an entry holds pickled (object) data, "
+                              "which is never loaded") from None
     except Exception as exc:  # noqa: BLE001  # any failure to read the archive means it is damaged
         raise CheckpointError(f"checkpoint {path} is damaged: {type(exc).__name__}: {exc}") from exc
     meta, digest = loaded.pop("meta"), loaded.pop("sha256")
