@@ -14,8 +14,10 @@ The tree :func:`encode` returns is a JSON value in which
 
 * ``None``, ``bool``, ``int`` (any size), ``float`` (NaN and ±inf included) and ``str``
   stand for themselves, and a JSON list for a Python list;
-* every JSON object is a tag: ``{"@": "dict", "items": [[key, value], ...]}`` (keys of any
-  encodable type, order kept), ``{"@": "tuple" | "set" | "frozenset", "items": [...]}``,
+* every JSON object is a tag: ``{"@": "map", "items": {key: value, ...}}`` (a dict whose
+  keys are all ``str``), ``{"@": "dict", "items": [[key, value], ...]}`` (keys of any
+  other encodable type; order kept in both), ``{"@": "tuple" | "set" | "frozenset",
+  "items": [...]}``,
   ``{"@": "array" | "scalar", "ref": name}`` (a numpy array, or a numpy scalar stored as
   a 0-d array, under ``name`` in the arrays), and ``{"@": "state", "type": name,
   "fields": {field: value, ...}}`` for a dataclass.
@@ -41,6 +43,8 @@ import numpy as np
 __all__ = ["CodecError", "decode", "encode", "register_state", "registered_states"]
 
 _TAG = "@"
+#: Types written as themselves (JSON has an exact form for each).
+_PLAIN = frozenset({type(None), bool, int, float, str})
 
 #: Dataclasses a checkpoint may hold, by class name.
 _STATES: dict[str, type] = {}
@@ -113,13 +117,18 @@ def decode(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 
 # ---------------------------------------------------------------------------- writing
 def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
-    if value is None or type(value) in (bool, int, float, str):
+    # leaves that stand for themselves are returned before any path text is built (speed)
+    if type(value) in _PLAIN:
         return value
     if type(value) is list:
-        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [v if type(v) in _PLAIN else _encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]
     if type(value) is dict:
+        if all(type(k) is str for k in value):
+            return {_TAG: "map", "items": {k: v if type(v) in _PLAIN else _encode(v, arrays, f"{where}[{k!r}]")
+                                           for k, v in value.items()}}
         return {_TAG: "dict", "items": [[_encode(k, arrays, f"{where} key {k!r}"),
-                                         _encode(v, arrays, f"{where}[{k!r}]")] for k, v in value.items()]}
+                                         v if type(v) in _PLAIN else _encode(v, arrays, f"{where}[{k!r}]")]
+                                        for k, v in value.items()]}
     if type(value) is tuple:
         return {_TAG: "tuple", "items": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
     if type(value) in (set, frozenset):
@@ -159,13 +168,18 @@ def _sorted(items: Iterable[Any]) -> list[Any]:
 
 # ---------------------------------------------------------------------------- reading
 def _decode(tree: Any, arrays: Mapping[str, np.ndarray], where: str) -> Any:
-    if tree is None or type(tree) in (bool, int, float, str):
+    if type(tree) in _PLAIN:
         return tree
     if type(tree) is list:
-        return [_decode(v, arrays, f"{where}[{i}]") for i, v in enumerate(tree)]
+        return [v if type(v) in _PLAIN else _decode(v, arrays, f"{where}[{i}]") for i, v in enumerate(tree)]
     if type(tree) is not dict or not isinstance(tree.get(_TAG), str):
         raise CodecError(f"{where}: expected a value or a tagged object, found {type(tree).__name__}")
     tag = tree[_TAG]
+    if tag == "map":
+        items = tree.get("items")
+        if type(items) is not dict:
+            raise CodecError(f"{where}: a map without its items")
+        return {k: v if type(v) in _PLAIN else _decode(v, arrays, f"{where}[{k!r}]") for k, v in items.items()}
     if tag == "dict":
         pairs = _items(tree, where)
         out = {}
@@ -202,7 +216,7 @@ def _decode(tree: Any, arrays: Mapping[str, np.ndarray], where: str) -> Any:
         for n in expected:  # as the class lists them; object.__setattr__ also sets frozen fields
             object.__setattr__(obj, n, _decode(fields[n], arrays, f"{where}.{n}"))
         return obj
-    raise CodecError(f"{where}: unknown tag {tag!r} (known: dict, tuple, set, frozenset, array, scalar, state)")
+    raise CodecError(f"{where}: unknown tag {tag!r} (known: map, dict, tuple, set, frozenset, array, scalar, state)")
 
 
 def _items(tree: dict[str, Any], where: str) -> list[Any]:
