@@ -169,7 +169,8 @@ class RunWriter:
     keep_checkpoints : int (default: 2)
         How many of the latest checkpoints stay on disk.
     extend : bool (default: False)
-        With ``resume``: allow more rounds than the run was planned for.
+        With ``resume``: allow more rounds than the run was planned for (refused without
+        ``resume``).
     run_id : int, optional
         The Flower run id, written into the folder lock's holder file.
     """
@@ -181,6 +182,9 @@ class RunWriter:
     def __init__(self, output_dir: str | Path, *, plot: bool = True, resume: bool = False,
                  overwrite: bool = False, keep_checkpoints: int = 2, extend: bool = False,
                  run_id: int | None = None) -> None:
+        if extend and not resume:
+            raise ValueError("extend: only with resume = true (it lets a resumed run go beyond its planned "
+                             "num-rounds); a fresh run takes num-rounds as its plan")
         self.output_dir = Path(output_dir)
         self.plot, self.resume, self.overwrite, self.extend = plot, resume, overwrite, extend
         self.keep_checkpoints = max(1, int(keep_checkpoints))

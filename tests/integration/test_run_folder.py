@@ -129,6 +129,8 @@ def test_num_rounds_on_resume_keeps_the_plan_or_extends_it_explicitly(tmp_path, 
         with pytest.raises(ValueError, match=match):
             run({**cut, "resume": True, "num-rounds": rounds}, verbose=False)
         assert len(load_records(folder)) == 2  # refused before any round
+    with pytest.raises(ValueError, match="extend: only with resume = true"):
+        run({**cut, "num-rounds": 6, "extend": True}, verbose=False)
 
     with caplog.at_level(logging.WARNING):
         extended = run({**cut, "resume": True, "num-rounds": 6, "extend": True}, verbose=False)
