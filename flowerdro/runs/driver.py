@@ -190,7 +190,8 @@ def _run(built: list[tuple[Plan, FairStrategy]], starts: list[Any], grid_for: Ca
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
     t0 = time.time()
     failed: list[str] = []
-    for (plan, strategy), begin in zip(built, starts, strict=True):
+    for i, (plan, strategy) in enumerate(built):
+        begin, starts[i] = starts[i], None  # a checkpoint is not kept in memory once its run started
         if isinstance(begin, tuple):
             strategy.history, final = begin
             log(INFO, "=== %s / %s (seed %d): finished before, read from %s ===", name, plan.label, plan.seed,
