@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="continue the runs from their latest checkpoints (finished runs are kept)")
     parser.add_argument("--overwrite", action="store_true", help="replace results of another run with this name")
+    parser.add_argument("--extend", action="store_true",
+                        help="with --resume: let --rounds go beyond the rounds the runs were planned for")
     args = parser.parse_args(argv)
 
     from flowerdro.experiments.runner import load_config, run
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["resume"] = True
     if args.overwrite:
         cfg["overwrite"] = True
+    if args.extend:
+        cfg["extend"] = True
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)

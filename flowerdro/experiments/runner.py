@@ -41,7 +41,8 @@ from flowerdro.runs.driver import Comparison, Plan, run_plans
 RunResult = Comparison
 
 TOP_LEVEL_KEYS = ("name", "num-rounds", "seeds", "num-partitions", "strategies", "round-timeout",
-                  "run-config", "strategy", "output-root", "last-rounds", "description", "resume", "overwrite")
+                  "run-config", "strategy", "output-root", "last-rounds", "description", "resume", "overwrite",
+                  "extend")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -153,4 +154,5 @@ def run(
     return run_plans(plans, grid_for, name=name, num_rounds=int(config.get("num-rounds", 10)),
                      timeout=float(config.get("round-timeout", 600.0)), out_dir=out_dir,
                      last_rounds=int(config.get("last-rounds", 1)), config=config, verbose=verbose,
-                     resume=bool(config.get("resume", False)), overwrite=bool(config.get("overwrite", False)))
+                     resume=bool(config.get("resume", False)), overwrite=bool(config.get("overwrite", False)),
+                     extend=bool(config.get("extend", False)))

@@ -5,6 +5,13 @@ describe what to run as :class:`Plan` s and call :func:`run_plans`, which builds
 strategy first (a bad setting fails before any training), gets the initial model from a
 client (``query.init``: the server never loads data), runs the strategies one after
 another, and writes ``summary.json``, ``table.md`` and the comparison figure.
+
+Before any message, :func:`run_plans` takes the lock of the comparison's folder
+(``comparison.lock``) and of every run folder (``run.lock``, :class:`~flowerdro.strategies.lock.FolderLock`),
+so a second comparison on the same folders is refused at once naming the holder, and
+with ``resume`` it loads and checks every run's checkpoint and plan
+(:meth:`~flowerdro.strategies.output.RunWriter.resume_checkpoint`); the locks are
+released when it returns or raises.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from flowerdro.runs.report import comparison_table, final_summary
 from flowerdro.settings import Settings, read_settings, setting
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.base import FairStrategy, RunFailedError
+from flowerdro.strategies.lock import FolderLock
+from flowerdro.strategies.output import RunWriter
 
 __all__ = ["Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
 
@@ -46,6 +55,8 @@ class RunSettings(Settings):
     resume: bool = setting(False, "continue the runs in output-dir from their latest checkpoints "
                                   "(finished runs are kept as they are)")
     overwrite: bool = setting(False, "replace another run's files in output-dir instead of refusing")
+    extend: bool = setting(False, "with resume: let num-rounds go beyond the rounds the runs were planned "
+                                  "for (the runs are extended; settings.json records it)")
 
 
 @dataclass
@@ -119,35 +130,77 @@ def run_plans(
     verbose: bool = True,
     resume: bool = False,
     overwrite: bool = False,
+    extend: bool = False,
+    run_id: int | None = None,
 ) -> Comparison:
     """Run every plan on the grid ``grid_for(plan)`` and compare the strategies.
 
     Returns a :class:`Comparison`; with ``out_dir`` set, each plan's strategy writes its
     run folder (``plan.output_dir``) and ``out_dir`` gets ``summary.json``, ``table.md`` and
-    ``comparison.png``. With ``resume``, a plan whose folder holds a finished run is
-    taken from disk, and one with a checkpoint continues after it.
+    ``comparison.png``. With ``resume``, a plan whose folder holds a finished run of
+    ``num_rounds`` rounds is taken from disk, and one with a checkpoint continues after
+    its newest intact one (``num_rounds`` beyond the run's plan only with ``extend``); one
+    without a checkpoint starts afresh (logged). ``run_id`` (the Flower run id) is written
+    into the folder locks' holder files.
 
     A plan whose run stops with :class:`RunFailedError` (it could not train, e.g. a
     diverging strategy) does not stop the others: they run, the comparison of the runs
     that finished is written, and then :class:`RunFailedError` is raised naming every
     failed run, so the comparison as a whole still fails loudly.
+
+    Raises
+    ------
+    flowerdro.strategies.lock.FolderInUseError
+        Another run holds the lock of ``out_dir`` or of a plan's folder (before any message).
+    flowerdro.strategies.checkpoint.CheckpointError
+        With ``resume``: a run folder holds only damaged checkpoints, or pickled ones.
+    ValueError
+        With ``resume``: ``num_rounds`` breaks a run's plan (before any message).
     """
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
-                                   run_name=plan.label, resume=resume, overwrite=overwrite)) for plan in plans]
+                                   run_name=plan.label, resume=resume, overwrite=overwrite, extend=extend,
+                                   run_id=run_id)) for plan in plans]
     for plan, strategy in built:  # central DP when the run config asks: refused here for a strategy it cannot protect
         dp_from_run_config(strategy, read_settings(PrivacySettings, plan.run_config))
-    seeds = sorted({p.seed for p in plans})
+    releases: list[Callable[[], None]] = []
+    try:
+        if out_dir is not None:
+            root = FolderLock(out_dir, name="comparison", run_id=run_id)
+            root.acquire()
+            releases.append(root.release)
+        starts: list[tuple[list[dict[str, Any]], ArrayRecord] | dict[str, Any] | None] = []
+        for plan, strategy in built:
+            writer = _writer(strategy)
+            if writer is not None:
+                writer.acquire()
+                releases.append(writer.close)
+            if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
+                starts.append(done)
+            else:
+                starts.append(writer.resume_checkpoint(num_rounds) if resume and writer is not None else None)
+        return _run(built, starts, grid_for, name=name, num_rounds=num_rounds, timeout=timeout, out_dir=out_dir,
+                    last_rounds=last_rounds, config=config, verbose=verbose)
+    finally:
+        for release in reversed(releases):
+            release()
+
+
+def _run(built: list[tuple[Plan, FairStrategy]], starts: list[Any], grid_for: Callable[[Plan], Grid], *,
+         name: str, num_rounds: int, timeout: float, out_dir: Path | None, last_rounds: int,
+         config: Mapping[str, Any] | None, verbose: bool) -> Comparison:
+    """The runs of :func:`run_plans`, each from its start: a finished run, a checkpoint or round 1."""
+    seeds = sorted({p.seed for p, _ in built})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
     t0 = time.time()
     failed: list[str] = []
-    for plan, strategy in built:
-        if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
-            strategy.history, final = done
+    for i, (plan, strategy) in enumerate(built):
+        begin, starts[i] = starts[i], None  # a checkpoint is not kept in memory once its run started
+        if isinstance(begin, tuple):
+            strategy.history, final = begin
             log(INFO, "=== %s / %s (seed %d): finished before, read from %s ===", name, plan.label, plan.seed,
                 plan.output_dir)
             _collect(result, plan, strategy, final, last_rounds)
             continue
-        checkpoint = _latest_checkpoint(strategy) if resume else None
         grid = grid_for(plan)
         init = initial_arrays(grid, plan.run_config, timeout)
         # Libraries and data sets are loaded now and live for the whole run. Flower forces
@@ -160,11 +213,14 @@ def run_plans(
         try:
             res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
                                  train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
-                                 **({"resume": checkpoint} if checkpoint is not None else {}))
+                                 **({"resume": begin} if begin is not None else {}))
         except RunFailedError as exc:
             log(ERROR, "=== %s / %s (seed %d) failed: %s; the other runs go on ===", name, plan.label, plan.seed, exc)
             failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
             continue
+        finally:
+            if (writer := _writer(strategy)) is not None:
+                writer.close()
         _collect(result, plan, strategy, res.arrays, last_rounds)
     result.table = comparison_table(result.summaries) if result.summaries else ""
     if verbose and result.summaries:
@@ -197,12 +253,11 @@ def _finished(run_dir: Path, num_rounds: int) -> tuple[list[dict[str, Any]], Arr
     return records, load_arrays(run_dir / "final_model.npz")
 
 
-def _latest_checkpoint(strategy: FairStrategy) -> dict[str, Any] | None:
-    from flowerdro.strategies.output import RunWriter
-
+def _writer(strategy: FairStrategy) -> RunWriter | None:
+    """The strategy's :class:`RunWriter` (None when it writes no files)."""
     for obs in strategy._observers:  # noqa: SLF001
         if isinstance(obs, RunWriter):
-            return obs.latest_checkpoint()
+            return obs
     return None
 
 

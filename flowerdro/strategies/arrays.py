@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -46,8 +47,8 @@ def check_arrays(reference: ArrayRecord, candidate: ArrayRecord) -> str | None:
     return None
 
 
-def save_arrays(path: str | Path, arrays: ArrayRecord) -> None:
-    """Save an ArrayRecord as ``.npz`` (one entry per key, key order kept)."""
+def save_arrays(path: str | Path | IO[bytes], arrays: ArrayRecord) -> None:
+    """Save an ArrayRecord as ``.npz`` (one entry per key, key order kept) to a path or an open binary file."""
     np.savez(path, **{k: arrays[k].numpy() for k in arrays.keys()})
 
 

@@ -200,7 +200,8 @@ class FairStrategy(ServerState, Strategy):
 
     def add_observer(self, observer: Any) -> None:
         """Follow the run: ``observer`` may define ``on_start(strategy, num_rounds)``,
-        ``on_round(strategy, record)`` and ``on_end(strategy, final_arrays)``."""
+        ``on_round(strategy, record)``, ``on_end(strategy, final_arrays)`` and
+        ``on_error(strategy, exception)`` (a run that :meth:`start` drives raised)."""
         self._observers.append(observer)
 
     def add_round_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
@@ -678,9 +679,12 @@ class FairStrategy(ServerState, Strategy):
                     result.evaluate_metrics_clientapp[rnd] = eval_metrics
                 if evaluate_fn is not None and (res := evaluate_fn(rnd, self.evaluation_arrays(arrays))) is not None:
                     result.evaluate_metrics_serverapp[rnd] = res
+            result.arrays = self.finish(arrays)
+        except BaseException as exc:
+            self._notify("on_error", exc)  # e.g. the RunWriter releases its folder's lock
+            raise
         finally:
             self._driving = False
-        result.arrays = self.finish(arrays)
         log(INFO, "[%s] %d rounds in %.1f s", self.run_name, num_rounds - first + 1, time.time() - t_run)
         return result
 

@@ -1,39 +1,58 @@
 """A run's files, written by an observer attached to a strategy.
 
 :class:`RunWriter` follows a strategy's run (:meth:`FairStrategy.add_observer`) and
-writes, under its folder: ``settings.json`` at the start, one JSON line per round in
-``rounds.jsonl``, a checkpoint of the whole server state every ``checkpoint-every``
-rounds (``checkpoint_roundNNNN.pkl``, written atomically; the latest two are kept), and
-at the end ``final_model.npz`` and ``progress.png``. A strategy without a writer writes
-nothing.
+writes, under its folder: ``settings.json`` at the start (the settings and the planned
+``num_rounds``), one JSON line per round in ``rounds.jsonl``, a checkpoint of the whole
+server state every ``checkpoint-every`` rounds (``checkpoint_roundNNNN.npz``, the format
+of :mod:`flowerdro.strategies.checkpoint`; the latest two are kept), and at the end
+``final_model.npz`` and ``progress.png``. A strategy without a writer writes nothing.
 
-A folder that holds another run's files (its ``settings.json`` differs) is refused unless
-the writer is told to ``overwrite`` it or to ``resume`` that run; a folder of the same
-run is started afresh (old rounds and checkpoints removed) or, with ``resume``,
-continued after its latest checkpoint: ``rounds.jsonl`` is cut back to that round.
-Checkpoints are Python pickles, like ``torch.save`` files: load only your own.
+Rules of the folder:
+
+* **One run at a time.** The writer holds the folder's lock (:class:`FolderLock`,
+  ``run.lock``) from the start of the run to its end; a second run on the folder is
+  refused naming the holder. :meth:`RunWriter.close` (or ``on_error``) releases it after
+  a run that raised.
+* **Another run's folder** (its ``settings.json`` differs) is refused unless the writer
+  is told to ``overwrite`` it or to ``resume`` that run; a folder of the same run is
+  started afresh (old rounds and checkpoints removed) or, with ``resume``, continued
+  after its latest intact checkpoint (:meth:`RunWriter.resume_checkpoint`):
+  ``rounds.jsonl`` is cut back to that round.
+* **The plan is part of the run.** A resumed run keeps its ``num_rounds``: fewer rounds
+  than the plan are refused, more only with ``extend`` (logged, and recorded under
+  ``extensions`` in ``settings.json``).
+* **Errors name their file.** Every file is written atomically or appended with a
+  cut-back on failure (:mod:`flowerdro.strategies.files`); a full disk or a missing
+  permission fails the run with the path, and no temporary file stays behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import re
 from logging import WARNING
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common import log
 
 from flowerdro.strategies.arrays import save_arrays
+from flowerdro.strategies.checkpoint import (
+    CheckpointError,
+    checkpoint_name,
+    load_checkpoint,
+    save_checkpoint,
+)
+from flowerdro.strategies.files import RunFileError, append_text, write_atomic
+from flowerdro.strategies.lock import FolderLock
 
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
 
-__all__ = ["COMPACT_MIN", "RunWriter", "compact_record", "expand_record", "json_default", "record_line"]
+__all__ = ["COMPACT_MIN", "PLAN_KEYS", "RunWriter", "check_plan", "compact_record", "expand_record", "json_default",
+           "record_line"]
 
 
 def json_default(obj: Any) -> Any:
@@ -92,6 +111,48 @@ def record_line(record: dict[str, Any]) -> str:
     return json.dumps(compact_record(record), default=json_default) + "\n"
 
 
+#: Keys of ``settings.json`` that describe the plan, not the run's identity: a resumed or
+#: restarted run may differ in them without being "another run".
+PLAN_KEYS = ("num_rounds", "extensions")
+
+
+def check_plan(num_rounds: int, done: int, planned: int | None, *, extend: bool, where: str | Path) -> None:
+    """Refuse a resumed run whose ``num-rounds`` breaks the run's plan.
+
+    Parameters
+    ----------
+    num_rounds : int
+        The number of rounds the resumed run asks for.
+    done : int
+        The round the checkpoint reached.
+    planned : int or None
+        The run's planned number of rounds (None when the folder does not record it).
+    extend : bool
+        Whether ``num_rounds`` above ``planned`` is asked for explicitly.
+    where : str or Path
+        The run's folder (named in the errors).
+
+    Raises
+    ------
+    ValueError
+        ``num_rounds < done``; ``num_rounds < planned``; ``num_rounds > planned`` without ``extend``.
+    """
+    if num_rounds < done:
+        raise ValueError(f"num-rounds: {num_rounds} is below round {done}, which the run in {where} has reached "
+                         f"(its plan: {planned if planned is not None else 'not recorded'} rounds); resume with "
+                         "the run's num-rounds, or start afresh without resume")
+    if planned is None:
+        return
+    if num_rounds < planned:
+        raise ValueError(f"num-rounds: {num_rounds} is below the {planned} rounds the run in {where} is planned "
+                         f"for; a resumed run keeps its plan: resume with num-rounds = {planned} (its first "
+                         f"{num_rounds} round records are those of the whole run), or start afresh without resume")
+    if num_rounds > planned and not extend:
+        raise ValueError(f"num-rounds: {num_rounds} is above the {planned} rounds the run in {where} is planned "
+                         f"for; set extend = true to continue it to {num_rounds} rounds, or resume with "
+                         f"num-rounds = {planned}")
+
+
 class RunWriter:
     """Writes a strategy's settings, round records, checkpoints, final model and plot.
 
@@ -102,99 +163,216 @@ class RunWriter:
     plot : bool (default: True)
         Draw ``progress.png`` at the end.
     resume : bool (default: False)
-        Continue the run whose files the folder holds (see :meth:`latest_checkpoint`).
+        Continue the run whose files the folder holds (see :meth:`resume_checkpoint`).
     overwrite : bool (default: False)
         Replace another run's files instead of refusing the folder.
     keep_checkpoints : int (default: 2)
         How many of the latest checkpoints stay on disk.
+    extend : bool (default: False)
+        With ``resume``: allow more rounds than the run was planned for (refused without
+        ``resume``).
+    run_id : int, optional
+        The Flower run id, written into the folder lock's holder file.
     """
 
-    _CKPT = re.compile(r"checkpoint_round(\d+)\.pkl$")
+    _CKPT = re.compile(r"checkpoint_round(\d+)\.npz$")
+    _PICKLED = re.compile(r"checkpoint_round(\d+)\.pkl$")
     _RUN_FILES = ("rounds.jsonl", "final_model.npz", "progress.png")
 
     def __init__(self, output_dir: str | Path, *, plot: bool = True, resume: bool = False,
-                 overwrite: bool = False, keep_checkpoints: int = 2) -> None:
+                 overwrite: bool = False, keep_checkpoints: int = 2, extend: bool = False,
+                 run_id: int | None = None) -> None:
+        if extend and not resume:
+            raise ValueError("extend: only with resume = true (it lets a resumed run go beyond its planned "
+                             "num-rounds); a fresh run takes num-rounds as its plan")
         self.output_dir = Path(output_dir)
-        self.plot, self.resume, self.overwrite = plot, resume, overwrite
+        self.plot, self.resume, self.overwrite, self.extend = plot, resume, overwrite, extend
         self.keep_checkpoints = max(1, int(keep_checkpoints))
+        self.lock = FolderLock(self.output_dir, run_id=run_id)
+        #: The run's number of rounds (set when it starts; saved with each checkpoint).
+        self.num_rounds: int | None = None
 
     @property
     def rounds_path(self) -> Path:
         """Where the round records go."""
         return self.output_dir / "rounds.jsonl"
 
+    # ------------------------------------------------------------------ the folder's lock
+    def acquire(self) -> None:
+        """Take the folder's lock for this run (see :class:`FolderLock`; nothing when held).
+
+        :meth:`on_start` takes it; the driver takes it before the run so that a folder in
+        use is refused before any message is sent.
+        """
+        self.lock.acquire()
+
+    def close(self) -> None:
+        """Release the folder's lock (nothing when not held); :meth:`on_end` does it after a run."""
+        self.lock.release()
+
+    def on_error(self, strategy: FairStrategy, exc: BaseException) -> None:
+        """A run that raised: release the folder's lock (the files written so far stay)."""
+        self.close()
+
+    # ------------------------------------------------------------------ checkpoints
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(round, path) of every checkpoint in the folder, oldest first."""
+        return self._found(self._CKPT)
+
+    def pickled_checkpoints(self) -> list[tuple[int, Path]]:
+        """(round, path) of the pickled ``checkpoint_roundNNNN.pkl`` files in the folder (never loaded)."""
+        return self._found(self._PICKLED)
+
+    def _found(self, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
         if not self.output_dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := self._CKPT.match(p.name))]
-        return sorted(found)
+        return sorted((int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := pattern.match(p.name)))
 
     def latest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest checkpoint of the folder (None when there is none)."""
-        ckpts = self.checkpoints()
-        if not ckpts:
-            return None
-        with ckpts[-1][1].open("rb") as fh:
-            return pickle.load(fh)  # noqa: S301  # the run's own checkpoint
+        """The newest intact checkpoint of the folder (None when the folder holds none).
 
+        A damaged checkpoint (truncated, empty, garbage, wrong checksum) is named in a
+        warning and the one before it is tried; when an older one is used, a warning
+        names it and its round.
+
+        Raises
+        ------
+        CheckpointError
+            Every checkpoint in the folder is damaged (each file and its fault named), or
+            the folder holds pickled ``.pkl`` checkpoints (never loaded; the error says
+            how to convert them).
+        """
+        pickled = self.pickled_checkpoints()
+        if pickled:
+            names = ", ".join(p.name for _, p in pickled)
+            raise CheckpointError(
+                f"{self.output_dir} holds pickled checkpoints ({names}), which are not loaded: unpickling a file "
+                "can run any code. If you wrote them yourself, convert them with "
+                f"`python -m flowerdro.runs.migrate {self.output_dir}`; otherwise delete them, or start afresh "
+                "without resume")
+        tried: list[str] = []
+        for rnd, path in reversed(self.checkpoints()):
+            try:
+                checkpoint = load_checkpoint(path)
+            except CheckpointError as exc:
+                log(WARNING, "%s; trying the checkpoint before it", exc)
+                tried.append(str(exc))
+                continue
+            if tried:
+                log(WARNING, "resuming from %s (round %d): %d newer checkpoint%s damaged", path, rnd,
+                    len(tried), "" if len(tried) == 1 else "s")
+            return checkpoint
+        if tried:
+            raise CheckpointError(f"{self.output_dir} holds no intact checkpoint; tried, newest first: "
+                                  + "; ".join(tried))
+        return None
+
+    def resume_checkpoint(self, num_rounds: int) -> dict[str, Any] | None:
+        """The checkpoint to continue the run from, with ``num_rounds`` checked against its plan.
+
+        Returns :meth:`latest_checkpoint`, or None (logged: "no checkpoint, starting
+        afresh") when the folder holds no checkpoint; the run then starts from round 1.
+
+        Raises
+        ------
+        CheckpointError
+            See :meth:`latest_checkpoint`.
+        ValueError
+            ``num_rounds`` breaks the run's plan (:func:`check_plan`).
+        """
+        checkpoint = self.latest_checkpoint()
+        if checkpoint is None:
+            records = self.rounds_path.read_text().count("\n") if self.rounds_path.is_file() else 0
+            log(WARNING, "resume: no checkpoint in %s, starting afresh from round 1%s", self.output_dir,
+                f" (its {records} round records are replaced)" if records else "")
+            return None
+        planned = self._settings().get("num_rounds", checkpoint.get("num_rounds"))
+        check_plan(num_rounds, int(checkpoint["round"]), planned, extend=self.extend, where=self.output_dir)
+        return checkpoint
+
+    def save_checkpoint(self, state: dict[str, Any], server_round: int) -> Path:
+        """Write ``state`` as ``checkpoint_roundNNNN.npz`` (atomically) and drop the oldest beyond the kept ones.
+
+        Raises
+        ------
+        flowerdro.strategies.files.RunFileError
+            The checkpoint could not be written (the path is named; the older checkpoints stay).
+        """
+        path = save_checkpoint(self.output_dir / checkpoint_name(server_round), state)
+        for _, old in self.checkpoints()[:-self.keep_checkpoints]:
+            self._remove(old, "old checkpoint")
+        return path
+
+    # ------------------------------------------------------------------ the run
     def on_start(self, strategy: FairStrategy, num_rounds: int) -> None:
-        """Check the folder, write ``settings.json``, and start (or cut back) ``rounds.jsonl``."""
+        """Take the lock, check the folder and the plan, write ``settings.json``, start (or cut back) ``rounds.jsonl``."""
+        self.acquire()
+        try:
+            self._start(strategy, int(num_rounds))
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, strategy: FairStrategy, num_rounds: int) -> None:
         settings = json.loads(json.dumps(strategy.settings(), default=json_default))
-        old_path = self.output_dir / "settings.json"
-        if old_path.is_file():
-            old = json.loads(old_path.read_text())
-            if old != settings and not self.overwrite:
-                diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        old = self._settings()
+        if old and not self.overwrite:
+            diff = sorted(k for k in (set(old) | set(settings)) - set(PLAN_KEYS) if old.get(k) != settings.get(k))
+            if diff:
                 raise ValueError(
                     f"output-dir: {self.output_dir} holds another run (settings differ in {', '.join(diff[:5])}); "
                     "choose another output-dir, or set overwrite = true to replace it"
                     + (", or resume = true only for the same run" if self.resume else ""))
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        extensions = list(old.get("extensions", [])) if old else []
         if self.resume and strategy.history:
             done = int(strategy.history[-1]["round"])
-            self.rounds_path.write_text("".join(record_line(r) for r in strategy.history))
+            planned = old.get("num_rounds") if old else None
+            check_plan(num_rounds, done, planned, extend=self.extend, where=self.output_dir)
+            if planned is not None and num_rounds > planned:
+                log(WARNING, "[%s] extend = true: the run in %s planned for %d rounds goes on to %d "
+                    "(recorded in settings.json)", strategy.run_name, self.output_dir, planned, num_rounds)
+                extensions.append({"from": planned, "to": num_rounds, "after_round": done})
+            self._write_text(self.rounds_path, "".join(record_line(r) for r in strategy.history), "round records")
             for rnd, path in self.checkpoints():
                 if rnd > done:
-                    path.unlink()
+                    self._remove(path, "checkpoint after the resumed round")
         else:
-            for _, path in self.checkpoints():
-                path.unlink()
+            for _, path in self.checkpoints() + self.pickled_checkpoints():
+                self._remove(path, "checkpoint of the earlier run")
             for name in self._RUN_FILES:
-                (self.output_dir / name).unlink(missing_ok=True)
-            self.rounds_path.write_text("")
-        old_path.write_text(json.dumps(settings, indent=2))
+                self._remove(self.output_dir / name, "file of the earlier run")
+            self._write_text(self.rounds_path, "", "round records")
+            extensions = []
+        self.num_rounds = num_rounds
+        settings["num_rounds"] = num_rounds
+        if extensions:
+            settings["extensions"] = extensions
+        self._write_text(self.output_dir / "settings.json", json.dumps(settings, indent=2), "settings")
 
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
         """Append the round record; save a checkpoint when one is due."""
-        with self.rounds_path.open("a") as fh:
-            fh.write(record_line(record))
+        append_text(self.rounds_path, record_line(record), "the round record to")
         every = strategy.loop.checkpoint_every
         if every and record["round"] % every == 0:
-            self.save_checkpoint(strategy.server_state(), int(record["round"]))
-
-    def save_checkpoint(self, state: dict[str, Any], server_round: int) -> Path:
-        """Write ``state`` atomically as ``checkpoint_roundNNNN.pkl`` and drop the oldest beyond the kept ones."""
-        path = self.output_dir / f"checkpoint_round{server_round:04d}.pkl"
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as fh:
-            pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        for _, old in self.checkpoints()[:-self.keep_checkpoints]:
-            old.unlink()
-        return path
+            self.save_checkpoint({**strategy.server_state(), "num_rounds": self.num_rounds}, int(record["round"]))
 
     def on_end(self, strategy: FairStrategy, final: ArrayRecord) -> None:
-        """Write ``final_model.npz``, the strategy's own files and ``progress.png`` (a plot never fails a run)."""
-        save_arrays(self.output_dir / "final_model.npz", final)
+        """Write ``final_model.npz``, the strategy's own files and ``progress.png`` (a plot never fails a run);
+        release the folder's lock."""
+        try:
+            self._end(strategy, final)
+        finally:
+            self.close()
+
+    def _end(self, strategy: FairStrategy, final: ArrayRecord) -> None:
+        write_atomic(self.output_dir / "final_model.npz", lambda fh: save_arrays(fh, final), "final model")
         for name, content in strategy.output_files().items():
             path = self.output_dir / name
             if name.endswith(".json"):
-                path.write_text(json.dumps(content, indent=2, default=json_default))
+                self._write_text(path, json.dumps(content, indent=2, default=json_default), "output file")
             else:
-                np.savez(path, **{k: np.asarray(v) for k, v in content.items()})
+                write_atomic(path, lambda fh, c=content: np.savez(fh, **{k: np.asarray(v) for k, v in c.items()}),
+                             "output file")
         if not self.plot:
             return
         try:
@@ -204,3 +382,34 @@ class RunWriter:
                             title=strategy.run_name)
         except Exception as exc:  # noqa: BLE001  # plotting must never fail a run
             log(WARNING, "[%s] could not draw the plot: %s", strategy.run_name, exc)
+
+    # ------------------------------------------------------------------ helpers
+    def _settings(self) -> dict[str, Any]:
+        """The folder's ``settings.json`` (empty when absent)."""
+        path = self.output_dir / "settings.json"
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"output-dir: {path} is not valid JSON ({exc}); repair or remove it, or set "
+                             "overwrite = true") from exc
+        except OSError as exc:
+            raise RunFileError("settings", path, exc, action="read") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"output-dir: {path} does not hold a settings object; repair or remove it")
+        return data
+
+    @staticmethod
+    def _write_text(path: Path, text: str, what: str) -> None:
+        def write(fh: IO[bytes]) -> None:
+            fh.write(text.encode())
+
+        write_atomic(path, write, what)
+
+    @staticmethod
+    def _remove(path: Path, what: str) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise RunFileError(what, path, exc, action="remove") from exc

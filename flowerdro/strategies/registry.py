@@ -7,6 +7,10 @@ config cannot change it). :func:`build_strategy` reads the algorithm's settings,
 round loop's (:class:`~flowerdro.strategies.base.LoopSettings`) and the clients'
 (:mod:`flowerdro.protocol`) from one run config; every value is validated where it is
 declared, before any message is sent.
+
+The algorithms' own state dataclasses (``self.state``) are registered here with
+:func:`~flowerdro.strategies.codec.register_state`, so that a checkpoint can hold them and
+rebuild them (:mod:`flowerdro.strategies.checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
-from flowerdro.strategies.drdsgd import DRDSGD, DSGD
-from flowerdro.strategies.drfa import DRFA, DRFAProx
+from flowerdro.strategies.codec import register_state
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD, GossipState
+from flowerdro.strategies.drfa import DRFA, DRFAProx, DRFAState
 from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
 from flowerdro.strategies.output import RunWriter
-from flowerdro.strategies.scaffold import SCAFFOLD
-from flowerdro.strategies.scaffpd import SCAFFPD
+from flowerdro.strategies.scaffold import SCAFFOLD, SCAFFOLDState
+from flowerdro.strategies.scaffpd import SCAFFPD, SCAFFPDState
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
 
+# the dataclasses the algorithms above keep in ``self.state`` (the others keep dicts)
+register_state(DRFAState, GossipState, SCAFFOLDState, SCAFFPDState)
+
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
     return tuple(sorted(ALGORITHMS))
@@ -95,11 +103,14 @@ def build_strategy(
     run_name: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    extend: bool = False,
+    run_id: int | None = None,
 ) -> FairStrategy:
     """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message).
 
     With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the run's
-    files there (``resume`` / ``overwrite``: what to do with a folder that holds a run).
+    files there (``resume`` / ``overwrite`` / ``extend``: what to do with a folder that holds
+    a run; ``run_id``: the Flower run id its folder lock names).
     """
     if name not in ALGORITHMS:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
@@ -113,7 +124,8 @@ def build_strategy(
                             run_name=run_name or name)
     strategy.attack = node.attack_record()
     if output_dir is not None:
-        strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite))
+        strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite, extend=extend,
+                                        run_id=run_id))
     return strategy
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -29,6 +28,8 @@ from typing import IO
 
 import numpy as np
 import pytest
+
+from flowerdro.strategies.checkpoint import load_checkpoint
 
 from ._flower import BIN, REPO, flower_env, flwr, free_port, json_out, start, stop, wait_run
 
@@ -194,7 +195,7 @@ def _wait_rounds(run_dir: Path, count: int, timeout: float = 900, keep: Path | N
 
 def _keep_checkpoints(run_dir: Path, keep: Path) -> None:
     keep.mkdir(exist_ok=True)
-    for path in run_dir.glob("checkpoint_round*.pkl"):
+    for path in run_dir.glob("checkpoint_round*.npz"):
         if not (keep / path.name).exists():
             try:
                 shutil.copyfile(path, keep / path.name)
@@ -228,7 +229,7 @@ def test_a_run_resumed_after_the_superlink_is_killed_equals_an_uninterrupted_run
     dep.kill(dep.superlink)
     done = _records(cut / name)
     assert len(done) < 4, "the run finished before it could be killed"
-    saved = max(int(p.stem[-4:]) for p in (cut / name).glob("checkpoint_round*.pkl"))
+    saved = max(int(p.stem[-4:]) for p in (cut / name).glob("checkpoint_round*.npz"))
     dep.start_superlink()
     dep.wait_online(dep.num_nodes)  # the SuperNodes carried on with the restarted SuperLink
     dep.run(f"{rc} output-dir='{cut}' resume=true")
@@ -246,8 +247,7 @@ def test_a_run_resumed_after_the_superlink_is_killed_equals_an_uninterrupted_run
 
 
 def _scaffold_control(checkpoint: Path, partition: int) -> np.ndarray:
-    with checkpoint.open("rb") as fh:
-        state = pickle.load(fh)["state"]  # noqa: S301  # this test's own checkpoint
+    state = load_checkpoint(checkpoint)["state"]
     return np.concatenate([a.ravel() for a in state.client_controls[partition]])
 
 
@@ -293,9 +293,9 @@ def test_a_restarted_supernode_takes_its_partitions_place_with_its_state(deploym
         assert state["0"]["affine-rounds"] == rounds
     else:
         # c_1 was kept while partition 1 was away, and moved again once it came back
-        before = _scaffold_control(kept / "checkpoint_round0002.pkl", gone)
-        during = _scaffold_control(kept / f"checkpoint_round{back:04d}.pkl", gone)
-        final = _scaffold_control(kept / f"checkpoint_round{rounds:04d}.pkl", gone)
+        before = _scaffold_control(kept / "checkpoint_round0002.npz", gone)
+        during = _scaffold_control(kept / f"checkpoint_round{back:04d}.npz", gone)
+        final = _scaffold_control(kept / f"checkpoint_round{rounds:04d}.npz", gone)
         np.testing.assert_array_equal(during, before)
         assert np.any(final != before)
     assert dep.supernodes[gone].poll() is None
