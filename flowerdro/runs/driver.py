@@ -26,8 +26,11 @@ from flowerdro.runs.report import comparison_table, final_summary
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies import build_strategy
 from flowerdro.strategies.base import FairStrategy, RunFailedError
+from flowerdro.trackers.common import ObserverFactory, StopRun
+from flowerdro.trackers.setup import TRACKERS
+from flowerdro.trackers.wandb_tracker import WANDB_MODES
 
-__all__ = ["Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
+__all__ = ["WATCH_KEYS", "Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
 
 #: Run-config keys forwarded to the clients in every training message's config.
 CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
@@ -35,7 +38,7 @@ CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-
 
 @dataclass(frozen=True)
 class RunSettings(Settings):
-    """What the ServerApp runs: which strategies, how many rounds, where results go."""
+    """What the ServerApp runs: which strategies, how many rounds, where results go, what watches them."""
 
     strategies: tuple[str, ...] = setting(("fedavg",), "strategies to compare, one after another "
                                                        "(comma-separated names)")
@@ -45,6 +48,33 @@ class RunSettings(Settings):
     resume: bool = setting(False, "continue the runs in output-dir from their latest checkpoints "
                                   "(finished runs are kept as they are)")
     overwrite: bool = setting(False, "replace another run's files in output-dir instead of refusing")
+    tracker: tuple[str, ...] = setting((), "trackers that log every run (comma-separated; empty: none)",
+                                       choices=TRACKERS)
+    tracker_dir: str = setting("results/trackers", "where the trackers write: tensorboard/, mlflow.db with "
+                                                   "mlflow-artifacts/, wandb/")
+    tracker_experiment: str = setting("", "the comparison's name in the trackers: MLflow experiment, W&B group, "
+                                          "TensorBoard folder (empty: the experiment file's name; flwr-run "
+                                          "for the ServerApp)")
+    tracker_project: str = setting("flowerdro", "the W&B project")
+    mlflow_tracking_uri: str = setting("", "where MLflow keeps the runs: a database URI or a tracking server's "
+                                           "URL (empty: sqlite:///<tracker-dir>/mlflow.db)")
+    wandb_mode: str = setting("offline", "offline: W&B writes files for wandb sync; online: it streams to "
+                                         "the W&B server", choices=WANDB_MODES)
+    observers: tuple[str, ...] = setting((), "observer factories by import path (comma-separated "
+                                             "package.module:function), each called once per run with its Plan")
+
+    def check(self) -> None:
+        """Each tracker once; a folder for the trackers' files."""
+        for key, values in (("tracker", self.tracker), ("observers", self.observers)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{key}: names an entry twice: {','.join(values)}")
+        if self.tracker and not self.tracker_dir.strip():
+            raise ValueError("tracker-dir: must name a folder when tracker is set")
+
+
+#: The run-config keys of :class:`RunSettings` that choose what watches the runs.
+WATCH_KEYS = ("tracker", "tracker-dir", "tracker-experiment", "tracker-project", "mlflow-tracking-uri",
+              "wandb-mode", "observers")
 
 
 @dataclass
@@ -74,6 +104,8 @@ class Comparison:
     strategies: dict[str, list[FairStrategy]] = field(default_factory=dict)
     output_dir: Path | None = None
     table: str = ""
+    #: The runs that stopped with :class:`RunFailedError`, with the error.
+    failed: list[str] = field(default_factory=list)
 
 
 def client_config(run_config: Mapping[str, Any]) -> ConfigRecord:
@@ -118,6 +150,7 @@ def run_plans(
     verbose: bool = True,
     resume: bool = False,
     overwrite: bool = False,
+    observers: Sequence[ObserverFactory] = (),
 ) -> Comparison:
     """Run every plan on the grid ``grid_for(plan)`` and compare the strategies.
 
@@ -130,13 +163,41 @@ def run_plans(
     diverging strategy) does not stop the others: they run, the comparison of the runs
     that finished is written, and then :class:`RunFailedError` is raised naming every
     failed run, so the comparison as a whole still fails loudly.
+
+    ``observers`` are factories ``(plan) -> observer`` (or ``None`` for no observer),
+    called for every plan once its strategy is built, before any training; each run
+    gets its own observer, attached after the run's writer. A factory that has
+    ``finish(comparison)`` is called once after the last run (also when a run failed,
+    before the error is raised), when ``comparison.png`` has been written. An observer
+    that raises :class:`~flowerdro.trackers.StopRun` in ``on_round`` ends its run there:
+    the model of that round is the run's final model and the observers get ``on_end``.
     """
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
                                    run_name=plan.label, resume=resume, overwrite=overwrite)) for plan in plans]
     seeds = sorted({p.seed for p in plans})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
-    t0 = time.time()
-    failed: list[str] = []
+    done = False
+    try:
+        for plan, strategy in built:
+            for factory in observers:
+                if (observer := factory(plan)) is not None:
+                    strategy.add_observer(observer)
+        _run_all(result, built, grid_for, num_rounds=num_rounds, timeout=timeout, last_rounds=last_rounds,
+                 resume=resume, verbose=verbose)
+        if out_dir is not None and result.summaries:
+            _write(result, out_dir, config)
+        done = True
+    finally:
+        _finish(observers, result, raise_errors=done)
+    if result.failed:
+        raise RunFailedError(f"{name}: {len(result.failed)} of {len(built)} runs failed: " + "; ".join(result.failed))
+    return result
+
+
+def _run_all(result: Comparison, built: Sequence[tuple[Plan, FairStrategy]], grid_for: Callable[[Plan], Grid], *,
+             num_rounds: int, timeout: float, last_rounds: int, resume: bool, verbose: bool) -> None:
+    """Run every plan's strategy in turn and collect what finished (see :func:`run_plans`)."""
+    name, t0 = result.name, time.time()
     for plan, strategy in built:
         if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
             strategy.history, final = done
@@ -158,20 +219,47 @@ def run_plans(
             res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
                                  train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
                                  **({"resume": checkpoint} if checkpoint is not None else {}))
+            final = res.arrays
         except RunFailedError as exc:
             log(ERROR, "=== %s / %s (seed %d) failed: %s; the other runs go on ===", name, plan.label, plan.seed, exc)
-            failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
+            result.failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
             continue
-        _collect(result, plan, strategy, res.arrays, last_rounds)
+        except StopRun as stop:
+            final = _stopped(strategy, init, stop)
+        _collect(result, plan, strategy, final, last_rounds)
     result.table = comparison_table(result.summaries) if result.summaries else ""
     if verbose and result.summaries:
-        print(f"\n{name}: {len(result.summaries)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
+        print(f"\n{name}: {len(result.summaries)} strategies x {len(result.seeds)} seeds, {num_rounds} rounds, "
               f"{time.time() - t0:.1f} s\n{result.table}\n", flush=True)
-    if out_dir is not None and result.summaries:
-        _write(result, out_dir, config)
-    if failed:
-        raise RunFailedError(f"{name}: {len(failed)} of {len(built)} runs failed: " + "; ".join(failed))
-    return result
+
+
+def _stopped(strategy: FairStrategy, init: ArrayRecord, stop: StopRun) -> ArrayRecord:
+    """End a run an observer stopped: its last model is final, the observers get ``on_end``."""
+    done = int(strategy.history[-1]["round"]) if strategy.history else 0
+    log(INFO, "[%s] stopped after round %d by an observer: %s", strategy.run_name, done, stop.reason or "StopRun")
+    last = strategy.current_arrays if strategy.current_arrays is not None else init
+    final = strategy.output_arrays(last)
+    strategy._notify("on_end", final)  # noqa: SLF001  # the end the round loop gives a run that ran out
+    return final
+
+
+def _finish(observers: Sequence[ObserverFactory], result: Comparison, *, raise_errors: bool) -> None:
+    """Call ``finish(result)`` of every factory that has one.
+
+    After a comparison that ended normally an error there is raised; while another
+    error is on its way out, it is logged so that the first error is the one raised.
+    """
+    for factory in observers:
+        finish = getattr(factory, "finish", None)
+        if finish is None:
+            continue
+        try:
+            finish(result)
+        except Exception as exc:
+            if raise_errors:
+                raise
+            log(ERROR, "%s.finish failed while the comparison stopped with an error: %s",
+                type(factory).__name__, exc)
 
 
 def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: ArrayRecord, last_rounds: int) -> None:
