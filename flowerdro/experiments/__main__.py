@@ -1,4 +1,4 @@
-"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--strategies a,b] [--out results]``.
+"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--strategies a,b] [--out results] [--tracker tensorboard,mlflow,wandb]``.
 
 ``--strategies`` runs only the listed labels of the config (other labels' result
 directories are left as they are; summary.json, table.md and comparison.png then cover
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="continue the runs from their latest checkpoints (finished runs are kept)")
     parser.add_argument("--overwrite", action="store_true", help="replace results of another run with this name")
+    parser.add_argument("--tracker", help="log every run to these trackers (overrides the file's tracker), "
+                                          "e.g. tensorboard,mlflow,wandb")
     args = parser.parse_args(argv)
 
     from flowerdro.experiments.runner import load_config, run
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["resume"] = True
     if args.overwrite:
         cfg["overwrite"] = True
+    if args.tracker is not None:
+        cfg["tracker"] = args.tracker
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)

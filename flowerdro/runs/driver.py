@@ -57,7 +57,7 @@ class RunSettings(Settings):
                                           "for the ServerApp)")
     tracker_project: str = setting("flowerdro", "the W&B project")
     mlflow_tracking_uri: str = setting("", "where MLflow keeps the runs: a database URI or a tracking server's "
-                                           "URL (empty: sqlite:///<tracker-dir>/mlflow.db)")
+                                           "URL (empty: the SQLite database mlflow.db in tracker-dir)")
     wandb_mode: str = setting("offline", "offline: W&B writes files for wandb sync; online: it streams to "
                                          "the W&B server", choices=WANDB_MODES)
     observers: tuple[str, ...] = setting((), "observer factories by import path (comma-separated "

@@ -3,7 +3,7 @@
 One 3-round comparison (FedAvg and DRFA, 6 synthetic clients, in-process) is run through the
 experiments runner with ``tracker = "tensorboard,mlflow,wandb"``; each test reads one tool's
 files back with that tool's own reader (TensorBoard's ``EventAccumulator``, ``MlflowClient``
-on the SQLite store, and W&B's transaction log, see :func:`wandb_records`) and compares with
+on the SQLite store, and W&B's ``wandb leet inspect --json`` on the offline run files) and compares with
 ``strategy.history``. TensorBoard scalars are float64 tensors, MLflow metrics float64 and W&B
 values JSON numbers, so the comparisons are exact.
 """
@@ -14,9 +14,8 @@ import csv
 import io
 import json
 import math
-import struct
+import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -138,72 +137,45 @@ def test_mlflow_reads_back_the_records(watched):
 
 
 # --------------------------------------------------------------------------- W&B
-def wandb_records(path: Path):
-    """The protobuf records of a W&B offline run file (``run-<id>.wandb``).
-
-    wandb 0.31 ships no Python reader of its transaction log; the format is LevelDB's log
-    format: a 7-byte header (``:W&B``, magic 0xBEE1, version 0), then 32 KiB blocks of
-    chunks, each a 7-byte header (CRC-32 of type and data, little-endian length, type
-    FULL = 1, FIRST = 2, MIDDLE = 3, LAST = 4) and its data; a record is one FULL chunk or
-    FIRST, MIDDLE…, LAST; each record is a ``wandb_internal_pb2.Record``.
-    """
-    from wandb.proto.wandb_internal_pb2 import Record
-
-    data = path.read_bytes()
-    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0), "not a version-0 W&B transaction log"
-    block, pos, pending = 32768, 7, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
-            pos += block - pos % block
-            continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if (crc, length, kind) == (0, 0, 0):  # zero padding at the end of a block
-            pos += block - pos % block
-            continue
-        chunk = data[pos + 7:pos + 7 + length]
-        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == crc, f"bad checksum at byte {pos}"
-        pos += 7 + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            yield Record.FromString(pending)
-            pending = b""
-
-
 def _wandb_run(run_file: Path) -> dict:
-    """Run info, config and history (step -> flat key -> value) of an offline run."""
-    out: dict = {"history": {}, "config": {}}
-    for rec in wandb_records(run_file):
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            out["run"] = rec.run
-            out["config"].update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
-        elif kind == "history":
-            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
-            out["history"][int(items["_step"])] = items
-    return out
+    """Run info, config and history (step -> key -> value) of an offline run, read by W&B's own
+    reader of its transaction log (``wandb leet inspect --json``: one JSON object per record;
+    nested keys joined by ".")."""
+    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    run_: dict = {"history": {}}
+    for line in out.splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "run":
+            run_["run"] = rec["run"]
+            run_["config"] = rec["run"]["config"]["update"]
+        elif rec["type"] == "history":
+            items = rec["history"]["item"]
+            run_["history"][int(items["_step"])] = items
+    return run_
 
 
 def test_wandb_offline_files_read_back_the_records(watched):
     result, root = watched
     runs = [_wandb_run(f) for f in sorted((root / "wandb").glob("offline-run-*/run-*.wandb"))]
-    by_job = {r["run"].job_type: r for r in runs}
+    by_job = {r["run"]["job_type"]: r for r in runs}
     assert sorted(by_job) == sorted([*STRATEGIES, "comparison"])
-    assert {r["run"].run_group for r in runs} == {NAME}
+    assert {r["run"]["run_group"] for r in runs} == {NAME}
     for label in STRATEGIES:
         history, logged = _history(result, label), by_job[label]
-        assert logged["run"].display_name == f"{label}-seed0"
+        assert logged["run"]["display_name"] == f"{label}-seed0"
         assert logged["config"]["seed"] == 0 and logged["config"]["strategy"] == label
         assert {s: h["fairness/acc_worst20"] for s, h in logged["history"].items()
                 if "fairness/acc_worst20" in h} == {r["round"]: r["acc_worst20"] for r in history}
         for r in history:
             hist = logged["history"][r["round"]]
-            assert hist["client_acc/_type"] == "histogram" and sum(hist["client_acc/values"]) == len(r["client_acc"])
-        assert "figures/progress/_type" in logged["history"][3]
+            assert hist["client_acc._type"] == "histogram" and sum(hist["client_acc.values"]) == len(r["client_acc"])
+        assert logged["history"][3]["figures/progress._type"] == "image-file"
     drfa, logged = _history(result, "drfa"), by_job["drfa"]
     for r in drfa:
         assert {k: logged["history"][r["round"]][f"lambda/{k}"] for k in r["lambda"]} == r["lambda"]
-    final = next(h for h in by_job["comparison"]["history"].values() if "final/_type" in h)
-    assert final["final/_type"] == "table-file" and "figures/comparison/_type" in final
+    final = next(h for h in by_job["comparison"]["history"].values() if "final._type" in h)
+    assert final["final._type"] == "table-file" and final["figures/comparison._type"] == "image-file"
 
 
 # --------------------------------------------------------------------------- run config, ServerApp, extras
