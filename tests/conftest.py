@@ -13,7 +13,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-os.environ["DO_NOT_TRACK"] = "1"
+os.environ["DO_NOT_TRACK"] = "true"
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

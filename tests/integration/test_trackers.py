@@ -226,3 +226,31 @@ def test_a_missing_extra_fails_before_training_with_the_install_hint(tracker, mo
     with pytest.raises(TrackerUnavailableError, match=rf"pip install 'flowerdro\[{tracker}\]'"):
         run({"strategies": ["fedavg"], "num-rounds": 1, "run-config": synth_rc, "tracker": tracker,
              "tracker-dir": str(tmp_path)}, output_root=None)
+
+
+def _readme_observer_example() -> dict:
+    """Run the README's early-stopping observer example and return its namespace."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Observers: your own code after every round"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    namespace: dict = {}
+    exec(code[:code.index("```")], namespace)  # noqa: S102  # the README's own example
+    return namespace
+
+
+def test_readme_early_stopping_example_stops_where_the_records_say(tmp_path, synth_rc):
+    example = _readme_observer_example()
+    config = {"name": "stop", "num-rounds": 6, "seeds": [0], "num-partitions": 5, "strategies": ["drfa"],
+              "run-config": synth_rc}
+    whole = run(config, output_root=None, verbose=False).histories["drfa"][0]
+    # patience 1: the run ends at the first round whose worst-20% is no better than every earlier one
+    w20 = [r["acc_worst20"] for r in whole]
+    expected = next((i + 1 for i in range(1, len(w20)) if w20[i] <= max(w20[:i])), len(w20))
+    assert expected < len(w20), "the setting must stall before the last round for this test to bite"
+    result = run(config, output_root=tmp_path, verbose=False,
+                 observers=[lambda plan: example["StopWhenWorst20Stalls"](patience=1)])
+    stopped = result.histories["drfa"][0]
+    assert [r["acc_worst20"] for r in stopped] == w20[:expected]
+    assert len((tmp_path / "stop" / "drfa" / "seed0" / "rounds.jsonl").read_text().splitlines()) == expected
+    assert (tmp_path / "stop" / "drfa" / "seed0" / "final_model.npz").is_file()
+    assert example["make"](None).patience == 5
