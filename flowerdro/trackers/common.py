@@ -207,7 +207,7 @@ def run_folder(strategy: FairStrategy) -> Path | None:
     """The run folder the strategy's :class:`~flowerdro.strategies.output.RunWriter` writes (None without one)."""
     from flowerdro.strategies.output import RunWriter
 
-    for obs in getattr(strategy, "_observers", ()):
+    for obs in getattr(strategy, "_observers", ()):  # the strategy's observers, in attach order
         if isinstance(obs, RunWriter):
             return obs.output_dir
     return None
@@ -246,12 +246,13 @@ class Tracker(Observer):
 
     def scalars(self, record: Mapping[str, Any]) -> dict[str, float]:
         """:func:`round_scalars` of ``record``, with a warning the first time λ is too long to log per partition."""
-        lam = record.get("lambda")
-        if not self._warned and isinstance(lam, Mapping) and len(expand_record({"l": lam})["l"]) > self.max_client_scalars:
+        rec = expand_record(dict(record))
+        lam = rec.get("lambda")
+        if not self._warned and isinstance(lam, Mapping) and len(lam) > self.max_client_scalars:
             self._warned = True
             log(WARNING, "[%s] lambda has %d partitions, more than max_client_scalars = %d: "
-                "logged as a histogram only", self.kind, len(expand_record({"l": lam})["l"]), self.max_client_scalars)
-        return round_scalars(record, max_client_scalars=self.max_client_scalars)
+                "logged as a histogram only", self.kind, len(lam), self.max_client_scalars)
+        return round_scalars(rec, max_client_scalars=self.max_client_scalars)
 
     def close(self, failed: bool) -> None:
         """End the tracker's run if it is still open (``failed``: the run stopped with an error)."""
