@@ -254,3 +254,26 @@ def test_readme_early_stopping_example_stops_where_the_records_say(tmp_path, syn
     assert len((tmp_path / "stop" / "drfa" / "seed0" / "rounds.jsonl").read_text().splitlines()) == expected
     assert (tmp_path / "stop" / "drfa" / "seed0" / "final_model.npz").is_file()
     assert example["make"](None).patience == 5
+
+
+def test_a_resumed_run_continues_its_tensorboard_folder_without_repeating_rounds(crash_and_resume, synth_rc):
+    def experiment(root: Path) -> dict:
+        return {"name": "resumed", "num-rounds": 4, "seeds": [0], "num-partitions": 4, "strategies": ["drfa"],
+                "run-config": {**synth_rc, "checkpoint-every": 2}, "output-root": str(root),
+                "tracker": "tensorboard", "tracker-dir": str(root / "trk")}
+
+    # cut after round 3, resumed from the checkpoint of round 2: round 3 is logged twice on disk
+    whole, resumed = crash_and_resume("drfa", experiment, crash_round=3)
+    run_dir = Path(resumed.output_dir).parent / "trk" / "tensorboard" / "resumed" / "drfa" / "seed0"
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
+    # the resumed writer's purge_step hides the cut run's round 3: TensorBoard's server (its
+    # plugin event accumulator; the legacy one purges no tensors) reads each round once
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    events = acc.Tensors("fairness/acc_worst20")
+    assert [ev.step for ev in events] == [1, 2, 3, 4]
+    assert [float(make_ndarray(ev.tensor_proto)) for ev in events] == [
+        r["acc_worst20"] for r in _history(whole, "drfa")]
