@@ -183,7 +183,7 @@ def client_distributions(record: Mapping[str, Any]) -> dict[str, np.ndarray]:
     out = {}
     for key in ("client_acc", "client_loss", "lambda"):
         value = rec.get(key)
-        if _per_client(value):
+        if isinstance(value, Mapping) and _per_client(value):
             out[key] = np.array([float(value[k]) for k in sorted(value, key=int)])
     return out
 

@@ -143,7 +143,7 @@ class MLflowTracker(Tracker):
                 values.update({f"{name}/p{q}": float(v) for q, v in zip(QUANTILES, qs, strict=True)})
         metrics = [Metric(k, v, stamp, step) for k, v in values.items()]
         for chunk in _chunks(metrics, _MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=chunk)
+            self.client.log_batch(self._run(), metrics=chunk)
         if dists:
             from flowerdro.strategies.output import expand_record
 
@@ -164,11 +164,16 @@ class MLflowTracker(Tracker):
                     writer.writerow(["round", "partition", *names])
                     for rnd, part, vals in self._rows:
                         writer.writerow([rnd, part, *(repr(vals[n]) if n in vals else "" for n in names)])
-                self.client.log_artifact(self.run_id, str(path))
+                self.client.log_artifact(self._run(), str(path))
         for path in run_figures(strategy):
-            self.client.log_artifact(self.run_id, str(path))
-        self.client.set_terminated(self.run_id, "FINISHED")
+            self.client.log_artifact(self._run(), str(path))
+        self.client.set_terminated(self._run(), "FINISHED")
         self.run_id = None
+
+    def _run(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("MLflowTracker: no open MLflow run (on_start was not called, or the run has ended)")
+        return self.run_id
 
     def close(self, failed: bool) -> None:
         """Mark a run that is still open as FAILED (or FINISHED when not ``failed``)."""
