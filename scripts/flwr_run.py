@@ -127,9 +127,11 @@ def main() -> int:
         fed += " " + args.federation_config
     cmd = [flwr, "run", args.app, "--format", "json", "--federation-config", fed]
     run_config = args.run_config
-    if "output-dir" not in run_config and Path(args.app).resolve() == ROOT:
-        # The ServerApp runs in another working directory; give it an absolute path.
-        run_config = (run_config + f" output-dir='{ROOT / 'results' / 'flwr-run'}'").strip()
+    if Path(args.app).resolve() == ROOT:
+        # The ServerApp runs in another working directory; give it absolute paths.
+        for key, path in (("output-dir", ROOT / "results" / "flwr-run"), ("tracker-dir", ROOT / "results" / "trackers")):
+            if key not in run_config:
+                run_config = (run_config + f" {key}='{path}'").strip()
     if args.overwrite:
         run_config += " overwrite=true"
     cmd += ["--run-config", run_config]

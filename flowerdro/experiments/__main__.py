@@ -1,4 +1,4 @@
-"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--strategies a,b] [--out results]``.
+"""``python -m flowerdro.experiments conf/<name>.toml [--seeds 0,1,2] [--rounds N] [--strategies a,b] [--out results] [--tracker tensorboard,mlflow,wandb]``.
 
 ``--strategies`` runs only the listed labels of the config (other labels' result
 directories are left as they are; summary.json, table.md and comparison.png then cover
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace results of another run with this name")
     parser.add_argument("--extend", action="store_true",
                         help="with --resume: let --rounds go beyond the rounds the runs were planned for")
+    parser.add_argument("--tracker", help="log every run to these trackers (overrides the file's tracker), "
+                                          "e.g. tensorboard,mlflow,wandb")
     args = parser.parse_args(argv)
 
     from flowerdro.experiments.runner import load_config, run
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["overwrite"] = True
     if args.extend:
         cfg["extend"] = True
+    if args.tracker is not None:
+        cfg["tracker"] = args.tracker
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)

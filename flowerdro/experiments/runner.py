@@ -22,6 +22,10 @@ Config (a dict, or a TOML file for ``python -m flowerdro.experiments conf/<name>
     strategy = "drfa"
     local-steps = 5
 
+Trackers and observers are top-level keys (``tracker = "tensorboard,mlflow"``,
+``tracker-dir``, ``tracker-experiment`` (default: ``name``), ``tracker-project``,
+``mlflow-tracking-uri``, ``wandb-mode``, ``observers``; see :class:`~flowerdro.runs.RunSettings`).
+
 The seed of a run sets the strategy's sampling, the clients' minibatches and the initial
 model; the data partition uses ``data-seed`` (default 0) so every strategy and seed sees
 the same clients. Clients run in this process through :class:`InProcessGrid`.
@@ -30,19 +34,21 @@ the same clients. Clients run in this process through :class:`InProcessGrid`.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flowerdro.experiments.inprocess import Fault, InProcessGrid
-from flowerdro.runs.driver import Comparison, Plan, run_plans
+from flowerdro.runs.driver import WATCH_KEYS, Comparison, Plan, RunSettings, run_plans
+from flowerdro.settings import read_settings
+from flowerdro.trackers import ObserverFactory, observer_factories
 
 #: What ``run`` returns (kept under this name for callers of the runner).
 RunResult = Comparison
 
 TOP_LEVEL_KEYS = ("name", "num-rounds", "seeds", "num-partitions", "strategies", "round-timeout",
                   "run-config", "strategy", "output-root", "last-rounds", "description", "resume", "overwrite",
-                  "extend")
+                  "extend", *WATCH_KEYS)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -133,12 +139,16 @@ def run(
     output_root: str | Path | None = "results",
     faults: Mapping[int, Fault] | None = None,
     verbose: bool = True,
+    observers: Sequence[ObserverFactory] = (),
 ) -> Comparison:
     """Run every (strategy, seed) of ``config`` in-process and compare them.
 
     Returns a :class:`~flowerdro.runs.Comparison`; with ``output_root`` set, writes
     ``<root>/<name>/<label>/seed<k>/{rounds.jsonl, final_model.npz, progress.png}`` and
-    ``<root>/<name>/{summary.json, table.md, comparison.png}``.
+    ``<root>/<name>/{summary.json, table.md, comparison.png}``. The trackers and
+    observer factories the config names (``tracker``, ``observers``) come first, then
+    ``observers``: factories ``(plan) -> observer`` called once per run (see
+    :func:`~flowerdro.runs.run_plans`).
     """
     from flowerdro.apps.client_app import app as client_app
 
@@ -147,6 +157,8 @@ def run(
     out_dir = Path(root) / name if root else None
     plans = plans_of(config, out_dir)
     num_partitions = int(config.get("num-partitions", 10))
+    watch = read_settings(RunSettings, {k: config[k] for k in WATCH_KEYS if k in config})
+    factories = [*observer_factories(watch, name), *observers]
 
     def grid_for(plan: Plan) -> InProcessGrid:
         return InProcessGrid(client_app, num_partitions, plan.run_config, faults=dict(faults or {}))
@@ -155,4 +167,4 @@ def run(
                      timeout=float(config.get("round-timeout", 600.0)), out_dir=out_dir,
                      last_rounds=int(config.get("last-rounds", 1)), config=config, verbose=verbose,
                      resume=bool(config.get("resume", False)), overwrite=bool(config.get("overwrite", False)),
-                     extend=bool(config.get("extend", False)))
+                     extend=bool(config.get("extend", False)), observers=factories)

@@ -36,8 +36,11 @@ from flowerdro.strategies import build_strategy
 from flowerdro.strategies.base import FairStrategy, RunFailedError
 from flowerdro.strategies.lock import FolderLock
 from flowerdro.strategies.output import RunWriter
+from flowerdro.trackers.common import ObserverFactory
+from flowerdro.trackers.setup import TRACKERS
+from flowerdro.trackers.wandb_tracker import WANDB_MODES
 
-__all__ = ["Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
+__all__ = ["WATCH_KEYS", "Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
 
 #: Run-config keys forwarded to the clients in every training message's config.
 CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
@@ -45,7 +48,7 @@ CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-
 
 @dataclass(frozen=True)
 class RunSettings(Settings):
-    """What the ServerApp runs: which strategies, how many rounds, where results go."""
+    """What the ServerApp runs: which strategies, how many rounds, where results go, what watches them."""
 
     strategies: tuple[str, ...] = setting(("fedavg",), "strategies to compare, one after another "
                                                        "(comma-separated names)")
@@ -57,6 +60,33 @@ class RunSettings(Settings):
     overwrite: bool = setting(False, "replace another run's files in output-dir instead of refusing")
     extend: bool = setting(False, "with resume: let num-rounds go beyond the rounds the runs were planned "
                                   "for (the runs are extended; settings.json records it)")
+    tracker: tuple[str, ...] = setting((), "trackers that log every run (comma-separated; empty: none)",
+                                       choices=TRACKERS)
+    tracker_dir: str = setting("results/trackers", "where the trackers write: tensorboard/, mlflow.db with "
+                                                   "mlflow-artifacts/, wandb/")
+    tracker_experiment: str = setting("", "the comparison's name in the trackers: MLflow experiment, W&B group, "
+                                          "TensorBoard folder (empty: the experiment file's name; flwr-run "
+                                          "for the ServerApp)")
+    tracker_project: str = setting("flowerdro", "the W&B project")
+    mlflow_tracking_uri: str = setting("", "where MLflow keeps the runs: a database URI or a tracking server's "
+                                           "URL (empty: the SQLite database mlflow.db in tracker-dir)")
+    wandb_mode: str = setting("offline", "offline: W&B writes files for wandb sync; online: it streams to "
+                                         "the W&B server", choices=WANDB_MODES)
+    observers: tuple[str, ...] = setting((), "observer factories by import path (comma-separated "
+                                             "package.module:function), each called once per run with its Plan")
+
+    def check(self) -> None:
+        """Each tracker once; a folder for the trackers' files."""
+        for key, values in (("tracker", self.tracker), ("observers", self.observers)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{key}: names an entry twice: {','.join(values)}")
+        if self.tracker and not self.tracker_dir.strip():
+            raise ValueError("tracker-dir: must name a folder when tracker is set")
+
+
+#: The run-config keys of :class:`RunSettings` that choose what watches the runs.
+WATCH_KEYS = ("tracker", "tracker-dir", "tracker-experiment", "tracker-project", "mlflow-tracking-uri",
+              "wandb-mode", "observers")
 
 
 @dataclass
@@ -86,6 +116,8 @@ class Comparison:
     strategies: dict[str, list[FairStrategy]] = field(default_factory=dict)
     output_dir: Path | None = None
     table: str = ""
+    #: The runs that stopped with :class:`RunFailedError`, with the error.
+    failed: list[str] = field(default_factory=list)
 
 
 def client_config(run_config: Mapping[str, Any]) -> ConfigRecord:
@@ -132,6 +164,7 @@ def run_plans(
     overwrite: bool = False,
     extend: bool = False,
     run_id: int | None = None,
+    observers: Sequence[ObserverFactory] = (),
 ) -> Comparison:
     """Run every plan on the grid ``grid_for(plan)`` and compare the strategies.
 
@@ -147,6 +180,14 @@ def run_plans(
     diverging strategy) does not stop the others: they run, the comparison of the runs
     that finished is written, and then :class:`RunFailedError` is raised naming every
     failed run, so the comparison as a whole still fails loudly.
+
+    ``observers`` are factories ``(plan) -> observer`` (or ``None`` for no observer),
+    called for every plan once its strategy is built, before any training; each run
+    gets its own observer, attached after the run's writer. A factory that has
+    ``finish(comparison)`` is called once after the last run (also when a run failed,
+    before the error is raised), when ``comparison.png`` has been written. An observer
+    that raises :class:`~flowerdro.strategies.base.StopRun` in ``on_round`` ends its run
+    there (:meth:`FairStrategy.start <flowerdro.strategies.base.FairStrategy.start>`).
 
     Raises
     ------
@@ -179,7 +220,7 @@ def run_plans(
             else:
                 starts.append(writer.resume_checkpoint(num_rounds) if resume and writer is not None else None)
         return _run(built, starts, grid_for, name=name, num_rounds=num_rounds, timeout=timeout, out_dir=out_dir,
-                    last_rounds=last_rounds, config=config, verbose=verbose)
+                    last_rounds=last_rounds, config=config, verbose=verbose, observers=observers)
     finally:
         for release in reversed(releases):
             release()
@@ -187,12 +228,34 @@ def run_plans(
 
 def _run(built: list[tuple[Plan, FairStrategy]], starts: list[Any], grid_for: Callable[[Plan], Grid], *,
          name: str, num_rounds: int, timeout: float, out_dir: Path | None, last_rounds: int,
-         config: Mapping[str, Any] | None, verbose: bool) -> Comparison:
-    """The runs of :func:`run_plans`, each from its start: a finished run, a checkpoint or round 1."""
+         config: Mapping[str, Any] | None, verbose: bool, observers: Sequence[ObserverFactory]) -> Comparison:
+    """The runs of :func:`run_plans`, each from its start (a finished run, a checkpoint or round 1),
+    watched by ``observers``; then the comparison's files and the factories' ``finish``."""
     seeds = sorted({p.seed for p, _ in built})
     result = Comparison(name=name, seeds=seeds, output_dir=out_dir)
-    t0 = time.time()
-    failed: list[str] = []
+    done = False
+    try:
+        for plan, strategy in built:
+            for factory in observers:
+                if (observer := factory(plan)) is not None:
+                    strategy.add_observer(observer)
+        _run_all(result, built, starts, grid_for, num_rounds=num_rounds, timeout=timeout, last_rounds=last_rounds,
+                 verbose=verbose)
+        if out_dir is not None and result.summaries:
+            _write(result, out_dir, config)
+        done = True
+    finally:
+        _finish(observers, result, raise_errors=done)
+    if result.failed:
+        raise RunFailedError(f"{name}: {len(result.failed)} of {len(built)} runs failed: " + "; ".join(result.failed))
+    return result
+
+
+def _run_all(result: Comparison, built: Sequence[tuple[Plan, FairStrategy]], starts: list[Any],
+             grid_for: Callable[[Plan], Grid], *, num_rounds: int, timeout: float, last_rounds: int,
+             verbose: bool) -> None:
+    """Run every plan's strategy in turn from its start and collect what finished (see :func:`run_plans`)."""
+    name, t0 = result.name, time.time()
     for i, (plan, strategy) in enumerate(built):
         begin, starts[i] = starts[i], None  # a checkpoint is not kept in memory once its run started
         if isinstance(begin, tuple):
@@ -214,23 +277,38 @@ def _run(built: list[tuple[Plan, FairStrategy]], starts: list[Any], grid_for: Ca
             res = strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout,
                                  train_config=client_config(plan.run_config), evaluate_config=ConfigRecord(),
                                  **({"resume": begin} if begin is not None else {}))
+            final = res.arrays
         except RunFailedError as exc:
             log(ERROR, "=== %s / %s (seed %d) failed: %s; the other runs go on ===", name, plan.label, plan.seed, exc)
-            failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
+            result.failed.append(f"{plan.label} (seed {plan.seed}): {exc}")
             continue
         finally:
             if (writer := _writer(strategy)) is not None:
                 writer.close()
-        _collect(result, plan, strategy, res.arrays, last_rounds)
+        _collect(result, plan, strategy, final, last_rounds)
     result.table = comparison_table(result.summaries) if result.summaries else ""
     if verbose and result.summaries:
-        print(f"\n{name}: {len(result.summaries)} strategies x {len(seeds)} seeds, {num_rounds} rounds, "
+        print(f"\n{name}: {len(result.summaries)} strategies x {len(result.seeds)} seeds, {num_rounds} rounds, "
               f"{time.time() - t0:.1f} s\n{result.table}\n", flush=True)
-    if out_dir is not None and result.summaries:
-        _write(result, out_dir, config)
-    if failed:
-        raise RunFailedError(f"{name}: {len(failed)} of {len(built)} runs failed: " + "; ".join(failed))
-    return result
+
+
+def _finish(observers: Sequence[ObserverFactory], result: Comparison, *, raise_errors: bool) -> None:
+    """Call ``finish(result)`` of every factory that has one.
+
+    After a comparison that ended normally an error there is raised; while another
+    error is on its way out, it is logged so that the first error is the one raised.
+    """
+    for factory in observers:
+        finish = getattr(factory, "finish", None)
+        if finish is None:
+            continue
+        try:
+            finish(result)
+        except Exception as exc:
+            if raise_errors:
+                raise
+            log(ERROR, "%s.finish failed while the comparison stopped with an error: %s",
+                type(factory).__name__, exc)
 
 
 def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: ArrayRecord, last_rounds: int) -> None:

@@ -69,7 +69,7 @@ from flowerdro.strategies.records import (
     round_record,
 )
 
-__all__ = ["FairStrategy", "LoopSettings", "RunFailedError"]
+__all__ = ["FairStrategy", "LoopSettings", "RunFailedError", "StopRun"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,25 @@ class LoopSettings(Settings):
     loss_metric: str = setting("test_loss", "the evaluate replies' loss metric; sent with every evaluate message")
     eval_metric: str | None = setting(None, "the metric every evaluate reply must carry (unset: "
                                             "accuracy-metric, or loss-metric on a regression data set)")
+
+
+class StopRun(Exception):
+    """Raised by an observer's ``on_round`` to end a run after that round (early stopping).
+
+    Under :meth:`FairStrategy.start` (behind the experiments runner and the ``flwr run``
+    ServerApp) it is the run's end: the round's record stands, the model of that round is
+    the run's final model (``output_arrays``), the observers get ``on_end``. Under another
+    loop (Flower's ``Strategy.start``, a user's) it propagates to that loop's caller.
+
+    Parameters
+    ----------
+    reason : str
+        Why the run stops (logged).
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -544,12 +563,20 @@ class FairStrategy(ServerState, Strategy):
         if not self._sizes_logged and (line := data_sizes_line(self)) is not None:
             log(INFO, "[%s] %s", self.run_name, line)
             self._sizes_logged = True
-        self._notify("on_round", record)
+        try:
+            self._notify("on_round", record)
+        except StopRun as stop:
+            if not self._driving:
+                raise
+            log(INFO, "[%s] stopped after round %d by an observer: %s", self.run_name, rnd, stop.reason or "StopRun")
+            self._stopped = True
+            return
         self._fail_if_stuck()
         if self.num_rounds is not None and rnd >= self.num_rounds and not self._driving:
             self.finish()
 
     _driving = False
+    _stopped = False
 
     def _fail_if_stuck(self) -> None:
         """Raise :class:`RunFailedError` after ``max-failed-rounds`` rounds without training or evaluation."""
@@ -664,7 +691,7 @@ class FairStrategy(ServerState, Strategy):
         result, t_run = Result(), time.time()
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        self._driving = True
+        self._driving, self._stopped = True, False
         try:
             for rnd in range(first, num_rounds + 1):
                 arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
@@ -679,6 +706,9 @@ class FairStrategy(ServerState, Strategy):
                     result.evaluate_metrics_clientapp[rnd] = eval_metrics
                 if evaluate_fn is not None and (res := evaluate_fn(rnd, self.evaluation_arrays(arrays))) is not None:
                     result.evaluate_metrics_serverapp[rnd] = res
+                if self._stopped:
+                    arrays = self.current_arrays if self.current_arrays is not None else arrays
+                    break
             result.arrays = self.finish(arrays)
         except BaseException as exc:
             self._notify("on_error", exc)  # e.g. the RunWriter releases its folder's lock
