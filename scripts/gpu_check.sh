@@ -71,7 +71,7 @@ cp docs/performance.md "$OUT/performance.md"
 # 2. the unit and integration suites (e2e starts Flower's processes: not here)
 xdist=()
 if "$PY" -c "import xdist" 2>/dev/null; then
-  xdist=(-n "${WORKERS:-8}")
+  xdist=(-n "${WORKERS:-8}" --dist loadfile)  # a file's tests in one worker, in their order
 fi
 # shellcheck disable=SC2086  # TESTS: paths, split on spaces
 OMP_NUM_THREADS=1 timeout "${SUITE_TIMEOUT:-330}" "$PY" -m pytest -q -p no:cacheprovider "${xdist[@]}" \

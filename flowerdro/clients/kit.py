@@ -637,8 +637,8 @@ class _ProximalHooks:
         layer make new parameter objects without the hooks; their training was plain
         local training, not FedProx's.
         """
-        now = [p for p in model.parameters() if p.requires_grad]
-        if len(now) != len(self.params) or any(a is not b for a, b in zip(now, self.params, strict=True)):
+        current = {id(p) for p in model.parameters()}  # frozen or not: freezing layers is the user's choice
+        if any(id(p) not in current for p in self.params):
             raise RuntimeError("proximal-mu: train_fn replaced the model's parameters (e.g. model.to() onto a "
                                "device type whose tensors torch cannot swap in place, load_state_dict(..., "
                                "assign=True), or a new layer), so the proximal term μ(w − w⁰) was not added to "

@@ -22,6 +22,7 @@ from flowerdro.clients import kit as kit_module
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import resolve_device
 from flowerdro.experiments import InProcessGrid
+from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.legacy import LegacyClientApp
 from flowerdro.protocol import NodeSettings
 from flowerdro.runs import client_config, initial_arrays
@@ -205,6 +206,8 @@ def test_cpu_only_project_code_runs_every_strategy_while_the_loops_run_elsewhere
 
 # --------------------------------------------------------------------------- proximal hooks
 def _kit_message(kit: ClientKit, rc: dict, mu: float) -> tuple[Message, Context, ArrayRecord]:
+    """A ``train`` message with the kit's seeded model and FedProx's μ, the node's context and the arrays sent."""
+    ensure_task_identity()  # what a grid sets before messages are built outside one
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
                   run_config=dict(rc))
     rt = kit.runtime(ctx)
@@ -360,6 +363,7 @@ def test_a_placement_mismatch_in_the_users_function_names_the_device_key():
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
                   run_config={})
     torch.manual_seed(0)
+    ensure_task_identity()
     msg = Message(content=RecordDict({"arrays": ArrayRecord(Net().state_dict())}), dst_node_id=1,
                   message_type="evaluate")
     with pytest.raises(RuntimeError, match=r"test_fn: your function failed with the model handed to it on cpu "
