@@ -31,7 +31,9 @@ What runs where:
 
 The user's data is read once per partition into tensors (the algorithm-defined loops draw
 seeded minibatches from them); the user's own loaders still go to ``train_fn`` and
-``test_fn``.
+``test_fn``. ``partition-id`` in the node config is optional: without it the node's id
+stands for the partition (the server does the same), and ``data_fn`` is called with
+``(node_id, 0)``.
 
 Where things run (run-config ``device``, or ``ClientKit(device=...)``): with ``auto``
 flowerdro's own loops and the received model's loss use CUDA when available, while
@@ -40,14 +42,13 @@ the user's loader yields, so CPU-only user code runs unchanged on a GPU machine;
 puts everything on the CPU; ``cuda`` / ``cuda:N`` put everything there (the user's
 functions then move their batches to ``args.device``). Whatever the user's functions do
 with the model (move it to another device or dtype), the reply holds its weights on the
-CPU in the dtypes the server sent. ``partition-id`` in the node config is optional: without it the node's id
-stands for the partition (the server does the same), and ``data_fn`` is called with
-``(node_id, 0)``.
+CPU in the dtypes the server sent.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -198,9 +199,10 @@ class _UserRuntime(handlers.ClientRuntime):
 def _is_placement_error(exc: BaseException) -> bool:
     """Whether ``exc`` is torch's complaint about tensors on different devices or of different dtypes."""
     text = str(exc)
-    return any(part in text for part in ("same device", "same dtype", "expected scalar type", "should be the same",
-                                         "expected device", "different from other tensors",
-                                         "has changed the type of value"))
+    if re.search(r"\b(input|weight|bias) type .* should be the same", text, re.IGNORECASE):  # convolutions
+        return True
+    return any(part in text for part in ("same device", "same dtype", "expected scalar type", "expected device",
+                                         "different from other tensors", "has changed the type of value"))
 
 
 def _sent_dtype(array: Any) -> torch.dtype:
