@@ -200,10 +200,11 @@ def get_runtime(context: Context) -> ClientRuntime:
     Run-config ``device`` says where the data and the model live (``auto``, the default:
     CUDA when available; ``cpu``; ``cuda`` or ``cuda:N``, refused where absent: see
     :func:`~flowerdro.clients.training.resolve_device`). Run-config ``precision``
-    (``"float32"``, default, or ``"float64"``) sets the dtype of the data and the model (float64 for high-accuracy optimisation tests such as SCAFF-PD's
-    robust regression). A regression data set (``robust-regression``) trains with the MSE
-    loss and its evaluation reports ``test_loss`` only. A node whose run config equals the
-    one of its previous message gets its runtime back without reading the settings again.
+    (``"float32"``, default, or ``"float64"``) sets the dtype of the data and the model
+    (float64 for high-accuracy optimisation tests such as SCAFF-PD's robust regression). A
+    regression data set (``robust-regression``) trains with the MSE loss and its evaluation
+    reports ``test_loss`` only. A node whose run config equals the one of its previous
+    message gets its runtime back without reading the settings again.
     Node config ``data-cache`` (a folder; else the environment variable
     ``FLOWERDRO_DATA_CACHE``) keeps the prepared partition on the node, so a fresh process
     reads one file instead of the whole data set (see :mod:`flowerdro.data.node_cache`).
