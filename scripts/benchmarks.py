@@ -270,8 +270,19 @@ def device_name(device: Any) -> str:
 
 
 def _peak_reset(device: Any) -> None:
+    """Start a path's run from an empty device: the in-process clients' cached data and models dropped, peak reset."""
+    import gc
+
     import torch
 
+    from flowerdro.clients import handlers
+
+    # the runner's clients keep their data and a model per spec on the device between runs;
+    # without this, every later path's peak would include the earlier runs' tensors
+    handlers._RUNTIMES.clear()
+    handlers._LATEST.clear()
+    handlers._MODELS.__dict__.clear()
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -331,9 +342,9 @@ def bench_gpu(args: argparse.Namespace) -> str:
             "of each round). The plain loop is FedAvg in plain PyTorch with data, model and minibatch indices "
             "on the device; the runner's clients keep their data on the device (run-config `device`). SCAFFOLD "
             "adds control variates and skips the full-data train loss; DRFA trains the distinct clients of m "
-            "draws by λ and adds a loss-query phase. Peak memory: `torch.cuda.max_memory_allocated`, reset "
-            "before each run (the plain loop's or the runner's whole run, data loading included), the largest "
-            "over the repetitions.\n\n"
+            "draws by λ and adds a loss-query phase. Peak memory: `torch.cuda.max_memory_allocated` over one "
+            "run of a path (its data put on the device included), reset before it with the runner's cached "
+            "client data dropped, the largest over the repetitions.\n\n"
             + table(["clients", "path", "s/round", "× plain loop", "peak device memory (GB)"], rows))
 
 
