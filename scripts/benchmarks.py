@@ -265,7 +265,9 @@ def device_name(device: Any) -> str:
     import torch
 
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+        tf32 = "on" if torch.backends.cudnn.allow_tf32 else "off"
+        return (f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                f"TF32 convolutions {tf32})")
     return f"CPU: {machine()} (torch {torch.__version__})"
 
 
