@@ -339,7 +339,9 @@ class LegacyClientApp(ClientApp):
     use_fit : bool
         Run the NumPyClient's ``fit`` for the algorithms that allow any local loop (its
         config gets ``lr``, ``local-epochs``, ``local-steps``, ``batch-size``,
-        ``server-round``); False: flowerdro's SGD there too.
+        ``server-round``, ``device``: where the kit hands it the model, see
+        :class:`~flowerdro.clients.kit.ClientKit`); False: flowerdro's SGD there too.
+        ``fit`` and ``evaluate`` may move the client's ``net`` wherever they like.
     mods : list, optional
         Flower mods, as ``ClientApp(mods=...)`` takes them; the ones that act on a
         training reply's model (``fixedclipping_mod``, ``adaptiveclipping_mod``,
@@ -397,7 +399,7 @@ class LegacyClientApp(ClientApp):
         def train_fn(model: nn.Module, loader: Any, a: TrainArgs) -> float | None:
             params = [v.detach().cpu().numpy() for v in model.state_dict().values()]
             config = {"lr": a.lr, "local-epochs": a.epochs, "local-steps": a.steps, "batch-size": a.batch_size,
-                      "server-round": a.server_round}
+                      "server-round": a.server_round, "device": str(a.device)}
             new, _, metrics = client.fit(params, config)
             _load_positional(model, new)
             loss = metrics.get("train_loss") if isinstance(metrics, Mapping) else None

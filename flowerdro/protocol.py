@@ -42,6 +42,30 @@ TRAIN_LOSS_ON: tuple[str, ...] = ("full", "batch")
 #: w + s·(w_i − w) instead of w_i (equal to ``loss-scale`` only for one full-batch SGD step).
 ATTACKS: tuple[str, ...] = ("none", "bias", "loss-scale", "update-scale")
 
+#: The forms of run-config ``device`` (``cuda:N`` with N a CUDA device index ≥ 0).
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def check_device(value: object) -> str:
+    """The run-config ``device`` as written, when it has one of the forms of :data:`DEVICES`.
+
+    Only the form is checked here (the server has no view of its clients' hardware); a
+    client refuses ``cuda`` or ``cuda:N`` that it lacks when it builds its runtime
+    (:func:`flowerdro.clients.training.resolve_device`).
+
+    Raises
+    ------
+    ValueError
+        Naming the key ``device`` and the allowed forms.
+    """
+    text = str(value).strip() if isinstance(value, str) else None
+    if text in ("auto", "cpu", "cuda"):
+        return text
+    if text is not None and text.startswith("cuda:") and text[5:].isdigit():
+        return text
+    raise ValueError(f"device: unknown value {value!r}; allowed: auto, cpu, cuda, cuda:N (N a CUDA device "
+                     "index such as cuda:1)")
+
 
 @dataclass(frozen=True)
 class TrainingSettings(Settings):
@@ -69,6 +93,10 @@ class NodeSettings(Settings):
     model: str = setting("logreg", "the model the clients build", choices=MODEL_NAMES)
     hidden: tuple[int, ...] = setting((128, 64), "hidden layer sizes of the mlp", ge=1)
     precision: str = setting("float32", "dtype of the clients' data and model", choices=("float32", "float64"))
+    device: str = setting("auto", "where the clients compute: auto (flowerdro's own loops on CUDA when available; "
+                                  "a ClientKit's train/test functions get the model on the device of the tensors "
+                                  "their loader yields), cpu (everything on the CPU), cuda or cuda:N (everything "
+                                  "there; a client without that device refuses)", forms=", ".join(DEVICES))
     model_seed: int | None = setting(None, "seed of the initial weights (unset: seed)")
     threads: int = setting(1, "torch threads of a client process (0: torch's default, one per core); "
                               "with 1, results do not depend on the machine's core count", ge=0)
@@ -80,6 +108,10 @@ class NodeSettings(Settings):
     attack_bias: float = setting(0.0, "the bias a bias attacker adds to its losses")
     attack_scale: float = setting(1.0, "the factor s of a scaling attacker (loss-scale: its loss, "
                                        "update-scale: its update)")
+
+    def check(self) -> None:
+        """``device`` must have one of the forms of :data:`DEVICES`."""
+        check_device(self.device)
 
     def attack_record(self) -> dict[str, object]:
         """Which attack the run's malicious clients ran, for its results (empty when none did).

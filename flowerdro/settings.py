@@ -56,6 +56,7 @@ def setting(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    forms: str | None = None,
 ) -> Any:
     """A dataclass field with its run-config key, meaning and allowed values.
 
@@ -72,8 +73,13 @@ def setting(
         The allowed values (strings, usually).
     ge, gt, le, lt : float, optional
         Bounds on a number (≥, >, ≤, <).
+    forms : str, optional
+        The allowed values in words, for the documentation, where neither ``choices`` nor
+        bounds can say them (e.g. ``"auto, cpu, cuda, cuda:N"``); the class's ``check()``
+        enforces them.
     """
-    meta = {"meaning": meaning, "key": key, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    meta = {"meaning": meaning, "key": key, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt,
+            "forms": forms}
     if isinstance(default, list | dict | set):
         raise TypeError("setting: mutable defaults are not allowed; use a tuple")
     return dataclasses.field(default=default, metadata=meta)
@@ -172,7 +178,7 @@ def describe(cls: type[Settings]) -> list[SettingInfo]:
         m = f.metadata
         bounds = [f"{op} {m[name]:g}" for name, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
                   if m.get(name) is not None]
-        allowed = ", ".join(map(str, m["choices"])) if m.get("choices") else " and ".join(bounds)
+        allowed = ", ".join(map(str, m["choices"])) if m.get("choices") else m.get("forms") or " and ".join(bounds)
         out.append(SettingInfo(f.name, _key(f), _type_name(hints[f.name]), f.default, m.get("meaning", ""), allowed))
     return out
 

@@ -21,8 +21,17 @@ in docs/performance.md between ``<!-- bench:NAME -->`` markers, leaving the othe
             the growth between round 2 and the last round. Target: 10,000 clients within 4 GB.
 ``flwr``    (``--flwr``, not in ``all``) seconds per round of ``flwr run`` simulation (Ray)
             against the experiments runner on the same job, through ``scripts/flwr_run.py``.
+``gpu``     (not in ``all``) the runner on a device (``--device``, default ``auto``: CUDA when
+            available): Fashion-MNIST, 10 one-class clients (``--clients``), ``cnn_mnist``,
+            τ = 50 local SGD steps of batch 128 (``--local-steps``, ``--batch-size``), the
+            received model's full-data loss first, every client evaluated each round; a plain
+            PyTorch FedAvg loop with data, model and minibatch indices on the device against
+            the runner for FedAvg, SCAFFOLD and DRFA on the same device, interleaved
+            ``--reps`` times, median of rounds 2..R (``--rounds``), and each path's peak
+            device memory (``torch.cuda.max_memory_allocated``; n/a on the CPU). It runs on
+            the CPU too, with small settings (``--clients 2 --rounds 2 --local-steps 2``).
 
-Run: ``OMP_NUM_THREADS=1 python scripts/benchmarks.py [all|runner|server|memory|flwr ...]
+Run: ``OMP_NUM_THREADS=1 python scripts/benchmarks.py [all|runner|server|memory|flwr|gpu ...]
 [--clients 10,100] [--reps 2] [--write-docs]``. Fashion-MNIST is read from ``--data-dir``
 (default: FLOWERDRO_DATA, else /work/shared/data when present).
 """
@@ -97,20 +106,25 @@ def run_config(model: str, n: int, data_dir: str) -> dict[str, Any]:
 
 
 class PlainLoop:
-    """FedAvg in plain PyTorch: the same clients, local steps, averaging and evaluation."""
+    """FedAvg in plain PyTorch: the same clients, local steps, averaging and evaluation.
 
-    def __init__(self, rc: dict[str, Any], n: int) -> None:
+    Data, model and the minibatch index draws live on ``device`` (the CPU by default).
+    """
+
+    def __init__(self, rc: dict[str, Any], n: int, device: Any = None) -> None:
         import torch
 
         from flowerdro.data import DataConfig, get_client_data
         from flowerdro.models import build_model
 
+        self.device = torch.device(device or "cpu")
         cfg = DataConfig.from_run_config(rc, num_partitions=n)
         self.clients = []
         for k in range(n):
             cd = get_client_data(cfg, k)
-            self.clients.append(tuple(torch.tensor(a) for a in (cd.x_train, cd.y_train, cd.x_test, cd.y_test)))
-        self.model = build_model(rc["model"], cd.input_shape, cd.num_classes, seed=0)
+            self.clients.append(tuple(torch.tensor(a, device=self.device)
+                                      for a in (cd.x_train, cd.y_train, cd.x_test, cd.y_test)))
+        self.model = build_model(rc["model"], cd.input_shape, cd.num_classes, seed=0).to(self.device)
         self.state = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.rc, self.n, self.rng = rc, n, np.random.default_rng(0)
         self.loss_full = rc.get("train-loss-on", "full") == "full"
@@ -132,11 +146,11 @@ class PlainLoop:
                 with torch.no_grad():
                     sum(float(F.cross_entropy(self.model(x[s:s + 2048]), y[s:s + 2048], reduction="sum"))
                         for s in range(0, len(y), 2048))
-            gen = torch.Generator().manual_seed(rnd * 100_003 + int(k))
-            perm, pos = torch.randperm(len(y), generator=gen), 0
+            gen = torch.Generator(device=self.device).manual_seed(rnd * 100_003 + int(k))
+            perm, pos = torch.randperm(len(y), generator=gen, device=self.device), 0
             for _ in range(tau):
                 if pos + b > len(y):
-                    perm, pos = torch.randperm(len(y), generator=gen), 0
+                    perm, pos = torch.randperm(len(y), generator=gen, device=self.device), 0
                 idx = perm[pos:pos + b]
                 pos += b
                 self.model.zero_grad(set_to_none=True)
@@ -153,13 +167,15 @@ class PlainLoop:
         with torch.no_grad():
             for k in (range(self.n) if me >= self.n else self.rng.choice(self.n, size=me, replace=False)):
                 _, _, xt, yt = self.clients[int(k)]
-                out = self.model(xt)
-                float(F.cross_entropy(out, yt, reduction="sum")), int((out.argmax(1) == yt).sum())
+                for s in range(0, len(yt), 2048):  # in chunks, as the clients' evaluate_model
+                    out = self.model(xt[s:s + 2048])
+                    float(F.cross_entropy(out, yt[s:s + 2048], reduction="sum"))
+                    int((out.argmax(1) == yt[s:s + 2048]).sum())
 
 
-def _plain_rounds(rc: dict[str, Any], n: int, rounds: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds of rounds 2..R of the plain loop."""
-    loop = PlainLoop(rc, n)
+def _plain_rounds(rc: dict[str, Any], n: int, rounds: int, device: Any = None) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of rounds 2..R of the plain loop (on ``device``, the CPU by default)."""
+    loop = PlainLoop(rc, n, device)
     walls, cpus = [], []
     for rnd in range(1, rounds + 1):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -200,7 +216,7 @@ def bench_runner(args: argparse.Namespace) -> str:
     strategies = ("fedavg", "scaffold", "drfa")
     rows = []
     for model in ("logreg", "cnn_fmnist"):
-        for n in args.clients:
+        for n in args.clients or [10, 100]:
             rc = run_config(model, n, args.data_dir)
             rounds = 6 if model == "logreg" else 3
             walls: dict[str, list[float]] = {p: [] for p in ("plain", *strategies)}
@@ -224,6 +240,114 @@ def bench_runner(args: argparse.Namespace) -> str:
             "load-robust number on a shared machine. SCAFFOLD adds control variates and skips the full-data "
             "train loss; DRFA trains the distinct clients of m draws by λ (with replacement), keeps a snapshot "
             "and adds a loss-query phase.\n\n" + body)
+
+
+# =========================================================================== on a device (GPU)
+def gpu_run_config(n: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """The job of the ``gpu`` section: Fashion-MNIST, one class per client, ``cnn_mnist``, τ = 50 of batch 128.
+
+    Every client trains (the received model's full-data loss first) and evaluates every
+    round; ``device`` goes to the clients as run-config ``device``.
+    """
+    rc: dict[str, Any] = {"dataset": "fashion_mnist", "data-dir": args.data_dir, "model": "cnn_mnist",
+                          "partition": "one-class", "lr": 0.05, "local-steps": args.local_steps,
+                          "batch-size": args.batch_size, "seed": 0, "fraction-train": 1.0,
+                          "fraction-evaluate": 1.0, "train-loss-on": "full", "device": device}
+    if args.samples_per_client:
+        rc["samples-per-client"] = args.samples_per_client
+    if args.test_fraction:
+        rc["test-fraction"] = args.test_fraction
+    return rc
+
+
+def device_name(device: Any) -> str:
+    """The device in words: the GPU's name and torch's CUDA version, or the CPU's model."""
+    import torch
+
+    if device.type == "cuda":
+        tf32 = "on" if torch.backends.cudnn.allow_tf32 else "off"
+        return (f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                f"TF32 convolutions {tf32})")
+    return f"CPU: {machine()} (torch {torch.__version__})"
+
+
+def _peak_reset(device: Any) -> None:
+    """Start a path's run from an empty device: the in-process clients' cached data and models dropped, peak reset."""
+    import gc
+
+    import torch
+
+    from flowerdro.clients import handlers
+
+    # the runner's clients keep their data and a model per spec on the device between runs;
+    # without this, every later path's peak would include the earlier runs' tensors
+    handlers._RUNTIMES.clear()
+    handlers._LATEST.clear()
+    handlers._MODELS.__dict__.clear()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gb(device: Any) -> float | None:
+    """Peak device memory allocated by torch since the last reset, in GB (None on the CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 1e9
+
+
+def bench_gpu(args: argparse.Namespace) -> str:
+    """Plain PyTorch FedAvg on the device against the runner on the same device; returns the markdown section."""
+    import logging
+
+    from flowerdro.clients.training import resolve_device
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    device = resolve_device(args.device)
+    strategies = ("fedavg", "scaffold", "drfa")
+    paths = ("plain", *strategies)
+    rows = []
+    for n in args.clients or [10]:
+        rc = gpu_run_config(n, args, str(device))
+        walls: dict[str, list[float]] = {p: [] for p in paths}
+        peaks: dict[str, list[float]] = {p: [] for p in paths}
+        for _ in range(args.reps):
+            for path in paths:
+                _peak_reset(device)
+                if path == "plain":
+                    w = _plain_rounds(rc, n, args.rounds, device)[0]
+                else:
+                    w = _runner_rounds(rc, n, path, args.rounds)[0]
+                walls[path] += w
+                peak = _peak_gb(device)
+                if peak is not None:
+                    peaks[path].append(peak)
+        plain = statistics.median(walls["plain"])
+        for path in paths:
+            w = statistics.median(walls[path])
+            peak = f"{max(peaks[path]):.2f}" if peaks[path] else "n/a"
+            rows.append([n, path, w, w / plain, peak])
+            print(f"[gpu] {device} N={n} {path}: {w:.4f} s/round ({w / plain:.2f}x plain), peak device memory "
+                  f"{peak} GB", flush=True)
+    samples = f", at most {args.samples_per_client} training examples per client" if args.samples_per_client else ""
+    if args.test_fraction:
+        samples += f", a test fraction of {args.test_fraction:g}"
+    return (f"Device: {device_name(device)}. Fashion-MNIST, one class per client{samples}, `cnn_mnist`, τ = "
+            f"{args.local_steps} local SGD steps of batch {args.batch_size} after the received model's full-data "
+            f"loss, every client training and evaluated every round, {args.rounds} rounds, {args.reps} interleaved "
+            "repetitions; median seconds per round of rounds 2-R (wall time, the device synchronised at the end "
+            "of each round). The plain loop is FedAvg in plain PyTorch with data, model and minibatch indices "
+            "on the device; the runner's clients keep their data on the device (run-config `device`). SCAFFOLD "
+            "adds control variates and skips the full-data train loss; DRFA trains the distinct clients of m "
+            "draws by λ and adds a loss-query phase. Peak memory: `torch.cuda.max_memory_allocated` over one "
+            "run of a path (its data put on the device included), reset before it with the runner's cached "
+            "client data dropped, the largest over the repetitions.\n\n"
+            + table(["clients", "path", "s/round", "× plain loop", "peak device memory (GB)"], rows))
 
 
 # =========================================================================== server step
@@ -457,7 +581,7 @@ def bench_memory(args: argparse.Namespace) -> str:
 def bench_flwr(args: argparse.Namespace) -> str:
     """``flwr run`` simulation against the experiments runner on the same job."""
     rows = []
-    for n in args.clients:
+    for n in args.clients or [10, 100]:
         if n > 100:
             continue
         rc = run_config("logreg", n, args.data_dir)
@@ -556,7 +680,7 @@ def bench_coldstart(args: argparse.Namespace) -> str:
 
 # =========================================================================== docs
 SECTIONS = {"runner": bench_runner, "server": bench_server, "memory": bench_memory,
-            "coldstart": bench_coldstart, "flwr": bench_flwr}
+            "coldstart": bench_coldstart, "flwr": bench_flwr, "gpu": bench_gpu}
 
 
 def write_docs(results: dict[str, str], argv: list[str]) -> None:
@@ -577,18 +701,32 @@ def write_docs(results: dict[str, str], argv: list[str]) -> None:
     print(f"wrote {DOCS.relative_to(ROOT)} ({', '.join(results)})")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the sections named in ``argv`` (default: the command line) and print their tables."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sections", nargs="*", default=["all"], help="all (= runner server memory coldstart), or any of "
                                                                   + ", ".join(SECTIONS))
-    ap.add_argument("--clients", default="10,100", help="client counts of the runner section (e.g. 10,100,1000)")
+    ap.add_argument("--clients", default=None, help="client counts (runner and flwr: default 10,100, e.g. "
+                                                     "10,100,1000; gpu: default 10)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per run of the gpu section (the first is dropped)")
+    ap.add_argument("--device", default="auto", help="gpu section: run-config device of the clients and the "
+                                                      "plain loop (auto, cpu, cuda, cuda:N)")
+    ap.add_argument("--local-steps", type=int, default=50, help="gpu section: τ, local SGD steps per round")
+    ap.add_argument("--batch-size", type=int, default=128, help="gpu section: minibatch size")
+    ap.add_argument("--samples-per-client", type=int, default=0, help="gpu section: cap on each client's "
+                                                                      "training examples (0: all)")
+    ap.add_argument("--test-fraction", type=float, default=None, help="gpu section: fraction of each client's "
+                                                                      "data kept for its test set (default: the "
+                                                                      "data's, 0.2)")
     ap.add_argument("--memory-rounds", type=int, default=4)
     ap.add_argument("--max-memory-clients", type=int, default=10000)
     ap.add_argument("--data-dir", default=_data_dir())
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
-    args = ap.parse_args()
-    args.clients = [int(c) for c in args.clients.split(",")]
+    args = ap.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")] if args.clients else None
+    if args.rounds < 2:
+        ap.error("--rounds: must be >= 2 (round 1 is dropped from the medians)")
     sections = ["runner", "server", "memory", "coldstart"] if args.sections == ["all"] else args.sections
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -599,7 +737,8 @@ def main() -> int:
         results[name] = SECTIONS[name](args)
         print(results[name], flush=True)
     if args.write_docs:
-        flags = [a for a in sys.argv[1:] if a not in SECTIONS and a not in ("all", "--write-docs")]
+        given = sys.argv[1:] if argv is None else argv
+        flags = [a for a in given if a not in SECTIONS and a not in ("all", "--write-docs")]
         write_docs(results, flags)
     return 0
 

@@ -15,6 +15,27 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DO_NOT_TRACK"] = "true"
 
+# On CUDA, tests that compare two paths (or a run and its resumed copy) bit for bit need
+# reproducible kernels: cuBLAS reads its workspace setting when its first handle is made, so
+# it is set here, before any test touches CUDA (see pytest_configure).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Deterministic float32 CUDA kernels where CUDA is present (nothing changes on a CPU-only machine).
+
+    ``warn_only``: an op that torch lists as having no deterministic CUDA implementation
+    warns instead of failing every test that touches it; a bit-for-bit test that such an op
+    breaks then fails on its own comparison, naming the test. cuDNN's convolutions use TF32
+    (a 10-bit mantissa) by default; the tests' tolerances are float32's, so TF32 is off.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

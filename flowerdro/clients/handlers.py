@@ -33,12 +33,12 @@ from flowerdro.clients.training import (
     LossFn,
     TrainResult,
     batch_loss,
-    default_device,
     evaluate_model,
     local_sgd,
     loss_function,
     make_generator,
     minibatches,
+    resolve_device,
     scaled_loss,
     steps_from_epochs,
 )
@@ -197,11 +197,14 @@ def get_runtime(context: Context) -> ClientRuntime:
     Inside a :class:`flowerdro.clients.kit.ClientKit` route the runtime is the user's (their
     model factory, data and loss); otherwise flowerdro's own model and data set.
 
-    Run-config ``precision`` (``"float32"``, default, or ``"float64"``) sets the dtype of the
-    data and the model (float64 for high-accuracy optimisation tests such as SCAFF-PD's
-    robust regression). A regression data set (``robust-regression``) trains with the MSE
-    loss and its evaluation reports ``test_loss`` only. A node whose run config equals the
-    one of its previous message gets its runtime back without reading the settings again.
+    Run-config ``device`` says where the data and the model live (``auto``, the default:
+    CUDA when available; ``cpu``; ``cuda`` or ``cuda:N``, refused where absent: see
+    :func:`~flowerdro.clients.training.resolve_device`). Run-config ``precision``
+    (``"float32"``, default, or ``"float64"``) sets the dtype of the data and the model
+    (float64 for high-accuracy optimisation tests such as SCAFF-PD's robust regression). A
+    regression data set (``robust-regression``) trains with the MSE loss and its evaluation
+    reports ``test_loss`` only. A node whose run config equals the one of its previous
+    message gets its runtime back without reading the settings again.
     Node config ``data-cache`` (a folder; else the environment variable
     ``FLOWERDRO_DATA_CACHE``) keeps the prepared partition on the node, so a fresh process
     reads one file instead of the whole data set (see :mod:`flowerdro.data.node_cache`).
@@ -219,7 +222,8 @@ def get_runtime(context: Context) -> ClientRuntime:
     kwargs: tuple[tuple[str, Any], ...] = (("hidden", str(s.raw("hidden", "128,64"))),)
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
     _set_threads(s.int("threads", 1, minimum=0))
-    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(default_device()), precision, cache)
+    device = resolve_device(s.raw("device", "auto"))
+    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(device), precision, cache)
     _LATEST[(pid, n, cache)] = (dict(context.run_config), rt)
     return rt
 

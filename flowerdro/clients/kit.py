@@ -34,11 +34,21 @@ seeded minibatches from them); the user's own loaders still go to ``train_fn`` a
 ``test_fn``. ``partition-id`` in the node config is optional: without it the node's id
 stands for the partition (the server does the same), and ``data_fn`` is called with
 ``(node_id, 0)``.
+
+Where things run (run-config ``device``, or ``ClientKit(device=...)``): with ``auto``
+flowerdro's own loops and the received model's loss use CUDA when available, while
+``train_fn`` and ``test_fn`` get the model on the device (and in the dtype) of the inputs
+the user's loader yields, so CPU-only user code runs unchanged on a GPU machine; ``cpu``
+puts everything on the CPU; ``cuda`` / ``cuda:N`` put everything there (the user's
+functions then move their batches to ``args.device``). Whatever the user's functions do
+with the model (move it to another device or dtype), the reply holds its weights on the
+CPU in the dtypes the server sent.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,13 +70,13 @@ from flowerdro.clients.training import (
     LocalData,
     LossFn,
     batch_loss,
-    default_device,
     evaluate_model,
     make_generator,
     minibatches,
+    resolve_device,
 )
 from flowerdro.legacy_wire import FromLegacy
-from flowerdro.protocol import USER_TRAIN_FN
+from flowerdro.protocol import USER_TRAIN_FN, check_device
 
 __all__ = ["ROUTES", "USER_LOOP_ROUTES", "ClientKit", "TrainArgs", "add_routes"]
 
@@ -85,6 +95,7 @@ class TrainArgs:
 
     ``epochs`` is the first positive ``local-epochs`` of the message or the run config
     (1 when neither sets one); ``steps`` the local steps τ flowerdro's own loop would take;
+    ``device`` the device the model is handed over on (see :class:`ClientKit`'s ``device``);
     ``config`` every setting (message config over run config).
     """
 
@@ -107,19 +118,61 @@ def _is_plain_cross_entropy(loss_fn: Any) -> bool:
             and loss_fn.ignore_index == -100 and loss_fn.label_smoothing == 0.0)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """A device and a floating-point dtype: where a model's parameters live."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"{self.device} ({str(self.dtype).removeprefix('torch.')})"
+
+
+def _loop_placement(device: torch.device, data_dtype: torch.dtype) -> Placement:
+    """Where flowerdro's own loops run on the user's model: the resolved ``device``, the data's dtype."""
+    return Placement(device, data_dtype)
+
+
 class _UserRuntime(handlers.ClientRuntime):
-    """flowerdro's client runtime with the user's model factory and loss."""
+    """flowerdro's client runtime with the user's model factory and loss.
+
+    ``data`` (and every model :meth:`new_model` builds) sit where flowerdro's own loops run;
+    ``user`` is where the user's ``train_fn``/``test_fn`` get the model.
+    """
 
     kit: ClientKit
     train_loader: Any
     test_loader: Any
+    user: Placement
+    device_setting: str
 
     def __init__(self, kit: ClientKit, partition_id: int, num_partitions: int, data: LocalData,
-                 train_loader: Any, test_loader: Any, num_classes: int) -> None:
+                 train_loader: Any, test_loader: Any, num_classes: int, user: Placement,
+                 device_setting: str) -> None:
         super().__init__(partition_id=partition_id, num_partitions=num_partitions, data=data,
                          input_shape=tuple(data.x_train.shape[1:]), num_classes=num_classes, model_name="user",
                          model_kwargs=(), task=kit.task)
         self.kit, self.train_loader, self.test_loader = kit, train_loader, test_loader
+        self.user, self.device_setting = user, device_setting
+
+    def for_user(self, model: nn.Module) -> nn.Module:
+        """``model`` moved to where the user's functions run (nothing happens when it is there)."""
+        return model.to(device=self.user.device, dtype=self.user.dtype)
+
+    def call_user(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; a device or dtype mismatch inside it is re-raised naming the placement and the key."""
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            if not _is_placement_error(exc):
+                raise
+            raise RuntimeError(
+                f"{name}: your function failed with the model handed to it on {self.user} ({exc}). Run-config "
+                f"device = {self.device_setting!r}: with 'auto' your functions get the model on the device and "
+                "dtype of the inputs your loader yields; with 'cpu', 'cuda' or 'cuda:N' on that device, and "
+                "they must move their batches to args.device (train_fn) or the device argument (test_fn)"
+            ) from exc
 
     @property
     def loss_fn(self) -> LossFn | None:
@@ -143,6 +196,30 @@ class _UserRuntime(handlers.ClientRuntime):
         state = arrays.to_torch_state_dict()
         model.load_state_dict({k: v.to(self.data.x_train.device) for k, v in state.items()}, strict=True)
         return model
+
+
+def _is_placement_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's complaint about tensors on different devices or of different dtypes."""
+    text = str(exc)
+    if re.search(r"\b(input|weight|bias) type .* should be the same", text, re.IGNORECASE):  # convolutions
+        return True
+    return any(part in text for part in ("same device", "same dtype", "expected scalar type", "expected device",
+                                         "different from other tensors", "has changed the type of value"))
+
+
+def _sent_dtype(array: Any) -> torch.dtype:
+    """The torch dtype of a received Flower ``Array``."""
+    return torch.from_numpy(np.empty(0, dtype=np.dtype(array.dtype))).dtype
+
+
+def state_as_sent(model: nn.Module, received: ArrayRecord) -> dict[str, torch.Tensor]:
+    """The model's weights on the CPU, each in the dtype of the array the server sent under its name.
+
+    The user's function may leave the model on another device or in another dtype; the
+    reply must hold what the server's aggregation expects.
+    """
+    return {k: v.detach().to(device="cpu", dtype=_sent_dtype(received[k]) if k in received else v.dtype)
+            for k, v in model.state_dict().items()}
 
 
 def check_state_dict(model: nn.Module, arrays: ArrayRecord) -> None:
@@ -256,8 +333,13 @@ class ClientKit:
         Input and label keys of dict batches (e.g. ``("img", "label")``).
     task : {"classification", "regression"}
         Regression reports the loss only.
-    device : torch.device, optional
-        Where data and model live (default: CUDA when available).
+    device : str or torch.device, optional
+        Where things run, as run-config ``device`` says it (``"auto"``, ``"cpu"``, ``"cuda"``,
+        ``"cuda:N"`` or a ``torch.device``); unset, the run config's ``device`` (default
+        ``auto``). ``auto``: flowerdro's own loops on CUDA when available, ``train_fn`` and
+        ``test_fn`` given the model on the device and in the dtype of the inputs the
+        loader yields; any other value: everything on that device. Refused where the
+        device is absent, or where it differs from the run config's ``device``.
     """
 
     model_fn: Callable[[], nn.Module]
@@ -270,8 +352,8 @@ class ClientKit:
     test_accuracy_key: str = "accuracy"
     batch_keys: tuple[str, str] | None = None
     task: str = "classification"
-    device: torch.device | None = None
-    _runtimes: dict[tuple[int, int], _UserRuntime] = field(default_factory=dict, repr=False)
+    device: str | torch.device | None = None
+    _runtimes: dict[tuple[int, int, str], _UserRuntime] = field(default_factory=dict, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -293,21 +375,39 @@ class ClientKit:
         for name in ("accuracy_metric", "loss_metric"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}: expected a non-empty metric name, got {getattr(self, name)!r}")
+        if self.device is not None:
+            check_device(str(self.device) if isinstance(self.device, torch.device) else self.device)
 
     # ------------------------------------------------------------------ runtime
     def runtime(self, context: Context) -> _UserRuntime:
-        """The node's runtime: the user's data as tensors (read once per partition) and model factory."""
+        """The node's runtime: the user's data as tensors (read once per partition and device) and model factory."""
         cfg = context.node_config
         if "partition-id" in cfg:
             pid, n = int(cfg["partition-id"]), int(cfg.get("num-partitions", 0))
         else:
             pid, n = int(context.node_id), 0
-        key = (pid, n)
+        setting = self._device_setting(context.run_config.get("device"))
+        key = (pid, n, setting)
         if key not in self._runtimes:
-            self._runtimes[key] = self._build(pid, n)
+            self._runtimes[key] = self._build(pid, n, setting)
         return self._runtimes[key]
 
-    def _build(self, pid: int, n: int) -> _UserRuntime:
+    def _device_setting(self, run_config_value: Any) -> str:
+        """The ``device`` that applies: the kit's own when given, else the run config's (``auto`` unset).
+
+        A kit built with one device under a run config that names another is refused: the
+        user asked for two things and only one can hold.
+        """
+        asked = "auto" if run_config_value in (None, "") else check_device(run_config_value)
+        if self.device is None:
+            return asked
+        own = check_device(str(self.device) if isinstance(self.device, torch.device) else self.device)
+        if asked not in ("auto", own):
+            raise ValueError(f"device: the ClientKit was built with device={own!r} but the run config sets "
+                             f"device = {asked!r}; set one of them")
+        return own
+
+    def _build(self, pid: int, n: int, device_setting: str = "auto") -> _UserRuntime:
         loaded = self.data_fn(pid, n)
         if not isinstance(loaded, tuple | list) or len(loaded) != 2:
             raise ValueError(f"data_fn: expected (train, test), got {type(loaded).__name__}")
@@ -317,15 +417,18 @@ class ClientKit:
         if x_te.shape[1:] != x_tr.shape[1:]:
             raise ValueError(f"test data: inputs of shape {tuple(x_te.shape[1:])} per example; the training "
                              f"inputs have {tuple(x_tr.shape[1:])}")
-        device = self.device or default_device()
-        dtype = x_tr.dtype
-        label = (lambda y: y.to(device, torch.int64)) if self.task == "classification" else \
-            (lambda y: y.to(device, dtype))
+        device = resolve_device(device_setting)
+        # the user's functions: on the device and dtype of the inputs their loader yields, unless told otherwise
+        user = Placement(x_tr.device if device_setting == "auto" else device, x_tr.dtype)
+        loops = _loop_placement(device, x_tr.dtype)
+        dtype = loops.dtype
+        label = (lambda y: y.to(loops.device, torch.int64)) if self.task == "classification" else \
+            (lambda y: y.to(loops.device, dtype))
         if self.task == "classification" and torch.is_floating_point(y_tr):
             raise ValueError(f"train data: labels have dtype {y_tr.dtype}; a classification task expects integer "
                              "class labels (task='regression' for float targets)")
-        data = LocalData(x_tr.to(device, dtype), label(y_tr), x_te.to(device, dtype), label(y_te))
-        rt = _UserRuntime(self, pid, n, data, train, test, num_classes=0)
+        data = LocalData(x_tr.to(loops.device, dtype), label(y_tr), x_te.to(loops.device, dtype), label(y_te))
+        rt = _UserRuntime(self, pid, n, data, train, test, num_classes=0, user=user, device_setting=device_setting)
         rt.num_classes = self._check_model(rt)
         return rt
 
@@ -394,17 +497,20 @@ class ClientKit:
             idx = next(minibatches(rt.data.num_train, batch_size, gen, rt.data.x_train.device))
             before = batch_loss(model, rt.data.x_train, rt.data.y_train, idx, rt.loss_fn)
         mu = own.float("proximal-mu", 0.0, minimum=0.0)
-        hooks = _proximal_hooks(model, mu) if mu > 0 else []
+        model = rt.for_user(model)
+        prox = _ProximalHooks(model, mu) if mu > 0 else None
         args = TrainArgs(lr=s.float("lr", 0.05, positive=True), epochs=_epochs(message, context),
                          steps=handlers._local_steps(s, rt.data.num_train, batch_size), batch_size=batch_size,
-                         device=rt.data.x_train.device, server_round=rnd, seed=seed,
+                         device=rt.user.device, server_round=rnd, seed=seed,
                          partition_id=rt.partition_id, config=s)
         try:
-            out = self.train_fn(model, rt.train_loader, args)  # type: ignore[misc]
+            out = rt.call_user("train_fn", self.train_fn, model, rt.train_loader, args)  # type: ignore[arg-type]
         finally:
-            for h in hooks:
-                h.remove()
-        state = {k: v.detach() for k, v in model.state_dict().items()}
+            if prox is not None:
+                prox.remove()
+        if prox is not None:
+            prox.check_kept(model)
+        state = state_as_sent(model, received)
         attack, amount = handlers.attack_of(s, rt.partition_id)
         if attack == "scale":
             state = handlers._scale_update(received, state, amount)
@@ -439,8 +545,8 @@ class ClientKit:
             if "test_acc" in m:
                 values[acc_name] = m["test_acc"]
         else:
-            model = rt.model_from(handlers._received_arrays(message))
-            result = self.test_fn(model, rt.test_loader, rt.data.x_train.device)
+            model = rt.for_user(rt.model_from(handlers._received_arrays(message)))
+            result = rt.call_user("test_fn", self.test_fn, model, rt.test_loader, rt.user.device)
             if not isinstance(result, tuple | list) or len(result) != 2:
                 raise ValueError(f"test_fn: expected (loss, accuracy or metrics dict), got {result!r}")
             loss, acc = result
@@ -504,15 +610,51 @@ def _epochs(message: Message, context: Context) -> float:
     return 1.0
 
 
-def _proximal_hooks(model: nn.Module, mu: float) -> list[Any]:
-    """Add μ (w − w⁰) to each parameter's gradient (w⁰: the parameters now): FedProx's proximal term."""
-    hooks = []
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        anchor = p.detach().clone()
-        hooks.append(p.register_hook(lambda g, p=p, a=anchor: g + mu * (p.detach() - a)))
-    return hooks
+class _ProximalHooks:
+    r"""FedProx's proximal term in the user's loop: ∇ ← ∇ + μ (w − w⁰) on every trainable parameter.
+
+    w⁰ is each parameter's value when the hooks are registered (the received model). The
+    user's function may move the model to another device or dtype (``model.to(...)``
+    keeps the parameter objects and so the hooks); each hook takes w⁰ onto the
+    parameter's device and dtype at use, copying it once per move, so the gradient it
+    returns has the parameter's device and dtype.
+    """
+
+    def __init__(self, model: nn.Module, mu: float) -> None:
+        self.mu = float(mu)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.anchors = [p.detach().clone() for p in self.params]
+        self.handles = [p.register_hook(self._hook(i)) for i, p in enumerate(self.params)]
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def add_proximal(grad: torch.Tensor) -> torch.Tensor:
+            p = self.params[i]
+            anchor = self.anchors[i]
+            if anchor.device != p.device or anchor.dtype != p.dtype:
+                anchor = self.anchors[i] = anchor.to(device=p.device, dtype=p.dtype)
+            return grad + self.mu * (p.detach() - anchor)
+
+        return add_proximal
+
+    def remove(self) -> None:
+        """Unregister every hook."""
+        for h in self.handles:
+            h.remove()
+
+    def check_kept(self, model: nn.Module) -> None:
+        """Refuse a model whose parameters the user's function replaced: the proximal term could not apply.
+
+        ``model.to()`` onto a device whose tensors cannot share the old ones' storage type
+        (``meta``, some accelerators), ``load_state_dict(..., assign=True)`` or a replaced
+        layer make new parameter objects without the hooks; their training was plain
+        local training, not FedProx's.
+        """
+        current = {id(p) for p in model.parameters()}  # frozen or not: freezing layers is the user's choice
+        if any(id(p) not in current for p in self.params):
+            raise RuntimeError("proximal-mu: train_fn replaced the model's parameters (e.g. model.to() onto a "
+                               "device type whose tensors torch cannot swap in place, load_state_dict(..., "
+                               "assign=True), or a new layer), so the proximal term μ(w − w⁰) was not added to "
+                               "their gradients; keep the parameters the model was handed with")
 
 
 def add_routes(app: ClientApp, kit: ClientKit, *, replace: bool = False,

@@ -199,7 +199,7 @@ def fedrobust_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, dev)
     losses: list[torch.Tensor] = []  # on the device: no host round-trip per step
-    with seeded_global_rng(generator):  # dropout layers draw from it
+    with seeded_global_rng(generator, dev):  # dropout layers draw from it
         model.train()
         for _ in range(steps):
             idx = next(batches)
@@ -247,7 +247,7 @@ def adversarial_local(
     params = [p for p in model.parameters() if p.requires_grad]
     batches = minibatches(data.num_train, batch_size, generator, data.x_train.device)
     losses: list[torch.Tensor] = []  # on the device: no host round-trip per step
-    with seeded_global_rng(generator):  # dropout layers draw from it
+    with seeded_global_rng(generator, data.x_train.device):  # dropout layers draw from it
         for _ in range(steps):
             idx = next(batches)
             xb, yb = data.x_train[idx], data.y_train[idx]

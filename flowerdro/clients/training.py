@@ -65,8 +65,40 @@ def loss_function(task: str) -> LossFn:
 
 
 def default_device() -> torch.device:
-    """CUDA when available (simulation gives each client a GPU fraction), else CPU."""
+    """CUDA when available (simulation gives each client a GPU fraction), else CPU: ``device = "auto"``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """The torch device that run-config ``device`` names, checked against this machine.
+
+    ``auto`` (or None) is :func:`default_device`; ``cpu`` the CPU on any machine;
+    ``cuda`` the current CUDA device and ``cuda:N`` the N-th, each refused where it is
+    absent (no silent fallback to the CPU). A ``torch.device`` is checked the same way.
+
+    Raises
+    ------
+    ValueError
+        Naming the key ``device``, the value and what this machine has.
+    """
+    from flowerdro.protocol import check_device
+
+    if name is None:
+        name = "auto"
+    text = check_device(str(name) if isinstance(name, torch.device) else name)
+    if text == "auto":
+        return default_device()
+    if text == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {text!r} asked for, but torch sees no CUDA device on this client "
+                         f"(torch {torch.__version__}); allowed here: auto, cpu")
+    device = torch.device(text)
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device: {text!r} asked for, but this client has {count} CUDA device"
+                         f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})")
+    return device
 
 
 @dataclass
@@ -174,26 +206,32 @@ _SALT_GLOBAL_RNG = 97
 
 
 @contextmanager
-def seeded_global_rng(generator: torch.Generator) -> Iterator[None]:
+def seeded_global_rng(generator: torch.Generator, device: torch.device | None = None) -> Iterator[None]:
     """Seed torch's global RNG from ``generator``'s seed for a training loop, then restore it.
 
-    Dropout layers (the FedMGDA+ paper's networks) draw their masks from the global RNG (CPU,
-    and the current CUDA device when there is one), not from the loop's minibatch generator.
-    Inside this context that RNG starts from a seed derived from the generator's initial seed
-    and a salt (the generator itself is not advanced), so a client's local training is
-    repeatable from the run seed whatever else ran in the process; on exit the global RNG is
-    back where it was.
+    Dropout layers (the FedMGDA+ paper's networks) draw their masks from the global RNG of
+    the device they run on (the CPU's, or the CUDA generator of ``device``: the data's
+    device; unset, the current CUDA device when there is one), not from the loop's minibatch
+    generator. Inside this context the CPU generator and that CUDA generator start from a
+    seed derived from the generator's initial seed and a salt (the generator itself is not
+    advanced), so a client's local training is repeatable from the run seed whatever else
+    ran in the process; on exit both are back where they were.
     """
     seed = int(generator.initial_seed())
     ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, _SALT_GLOBAL_RNG])
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    if device is not None and device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    elif device is None and torch.cuda.is_available():
+        devices = [torch.cuda.current_device()]
+    else:
+        devices = []
     with torch.random.fork_rng(devices=devices):
         # The generators fork_rng restores, seeded as torch.manual_seed would seed them (which
         # also queues every other backend's seeding: ~100x the cost of these two calls).
         global_seed = int(ss.generate_state(1, dtype=np.uint64)[0] & 0x7FFF_FFFF_FFFF_FFFF)
         torch.default_generator.manual_seed(global_seed)
-        if devices:
-            torch.cuda.manual_seed(global_seed)
+        for index in devices:
+            torch.cuda.default_generators[index].manual_seed(global_seed)
         yield
 
 
@@ -317,7 +355,7 @@ def local_sgd(
     batches = minibatches(data.num_train, batch_size, generator, device)
     snapshot: StateDict | None = None
     losses: list[torch.Tensor] = []  # kept on the device: no host round-trip per step
-    with seeded_global_rng(generator):  # dropout layers draw from it
+    with seeded_global_rng(generator, device):  # dropout layers draw from it
         model.train()
         for t in range(1, steps + 1):
             idx = next(batches)

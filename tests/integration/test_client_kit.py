@@ -41,8 +41,9 @@ def own_pieces_kit(rc: dict, n: int, **kwargs) -> ClientKit:
         cd = get_client_data(cfg, pid)
         return (cd.x_train, cd.y_train), (cd.x_test, cd.y_test)
 
+    # device unset: "auto", as flowerdro's own client (CUDA where available, for both paths)
     return ClientKit(model_fn=lambda: build_model("logreg", shape, classes), data_fn=data_fn,
-                     loss_fn=nn.CrossEntropyLoss(), device=torch.device("cpu"), **kwargs)
+                     loss_fn=nn.CrossEntropyLoss(), **kwargs)
 
 
 def _records(app, name: str, rc: dict, n: int = 4, rounds: int = 2):
@@ -95,9 +96,9 @@ def _loader_kit(rc: dict, n: int, calls: list, **kwargs) -> ClientKit:
         calls.append(args)
         return _sgd_train(model, loader, args)
 
+    # device "auto": train_fn gets the model on the CPU, where the loader's tensors are
     return ClientKit(model_fn=lambda: build_model("logreg", probe.input_shape, probe.num_classes),
-                     data_fn=data_fn, loss_fn=nn.CrossEntropyLoss(), train_fn=train_fn,
-                     device=torch.device("cpu"), **kwargs)
+                     data_fn=data_fn, loss_fn=nn.CrossEntropyLoss(), train_fn=train_fn, **kwargs)
 
 
 def test_the_users_train_function_runs_for_fedavg_and_reports_the_received_models_loss(synth_rc):
@@ -159,7 +160,7 @@ def test_fedprox_hooks_add_the_proximal_gradient_to_the_users_loop(synth_rc):
     # the same two steps by hand, through torch.func on a copy of the model
     rt = kit.runtime(ctx)
     x, y = rt.train_loader.dataset.tensors
-    model = rt.model_from(init)
+    model = rt.model_from(init).to(x.device)  # where the user's loop ran
     w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
     for _ in range(2):
         model.zero_grad()
@@ -299,7 +300,7 @@ def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
     kits = {id(_kit_behind(app._registered_funcs[name])) for app in (first, second) for name in app._registered_funcs}
     assert len(kits) == 1  # one kit behind every route of both copies (through the routes' mods)
     kit = first._registered_funcs["evaluate.default"].kit
-    assert list(kit._runtimes) == [(0, 2)]  # built by the first message, reused by the second
+    assert list(kit._runtimes) == [(0, 2, "auto")]  # built by the first message, reused by the second
     assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
 
 

@@ -95,10 +95,10 @@ def _numpy_first_batch_loss(data, arrays: ArrayRecord, *, pid: int, batch_size: 
     from flowerdro.clients.drdsgd import drdsgd_generator
 
     idx = torch.randperm(data.num_train, generator=drdsgd_generator(0, 1, pid))[:batch_size].numpy()
-    x = data.x_train.numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
+    x = data.x_train.cpu().numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
     z = x @ arrays["linear.weight"].numpy().astype(np.float64).T + arrays["linear.bias"].numpy()
     lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
-    return float(np.mean(lse - z[np.arange(len(idx)), data.y_train.numpy()[idx]]))
+    return float(np.mean(lse - z[np.arange(len(idx)), data.y_train.cpu().numpy()[idx]]))
 
 
 def test_complete_graph_reaches_exact_consensus(synth_rc):

@@ -32,6 +32,8 @@ def _main_job() -> dict:
     app = _app_config()
     run_keys = {info.key for info in describe(RunSettings)}
     run_config = {k: v for k, v in app.items() if k not in run_keys and k != "seed" and v != ""}
+    # the README's table is CPU arithmetic; on a CUDA machine device "auto" would move its last digits
+    run_config["device"] = "cpu"
     return {
         "name": "main_job_readme",
         "num-rounds": int(app["num-rounds"]),

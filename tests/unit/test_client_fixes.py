@@ -152,7 +152,7 @@ def _attacked_train(rc: dict, attack: str, steps: int, scale: float):
     reply = grid.send_and_receive([msg])[0]
     rt = get_runtime(grid.contexts[grid.node_ids[0]])
     w = reply.content["arrays"]["linear.weight"].numpy().ravel()
-    return w, reply.content["metrics"], rt.data.x_train.numpy(), rt.data.y_train.numpy()
+    return w, reply.content["metrics"], rt.data.x_train.cpu().numpy(), rt.data.y_train.cpu().numpy()
 
 
 def test_loss_scale_and_update_scale_agree_for_one_full_batch_step_only():

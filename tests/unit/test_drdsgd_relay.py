@@ -460,8 +460,8 @@ def _numpy_first_batch_loss(data: LocalData, arrays: ArrayRecord, *, batch_size:
     with z = x Wᵀ + b.
     """
     idx = torch.randperm(data.num_train, generator=drdsgd_generator(seed, rnd, pid))[:batch_size].numpy()
-    x = data.x_train.numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
-    y = data.y_train.numpy()[idx]
+    x = data.x_train.cpu().numpy().reshape(data.num_train, -1)[idx].astype(np.float64)
+    y = data.y_train.cpu().numpy()[idx]
     weight = arrays["linear.weight"].numpy().astype(np.float64)
     bias = arrays["linear.bias"].numpy().astype(np.float64)
     z = x @ weight.T + bias

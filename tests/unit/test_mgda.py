@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import warnings
 
-import cvxpy as cp
 import numpy as np
 import pytest
 from scipy.optimize import linprog
 
 from flowerdro.core.mgda import fedmgda_lr, min_norm_weights, project_box_simplex
+
+#: the reference solves these tests compare against (cvxpy is a dev extra)
+cp = pytest.importorskip("cvxpy", reason="cvxpy (the dev extra) gives the reference solves")
 
 # The solver's accuracy contract: f(λ) − f* ≤ ABS·max(1, max G_ii) + REL·f. Clarabel stops at
 # a relative gap of 1e-12 on G / max G_ii, and the exact face solve that follows leaves only

@@ -54,14 +54,21 @@ def test_the_environment_variable_names_the_folder_and_no_folder_means_no_cache(
     assert cache_path(tmp_path, cfg, 3).is_file()
 
 
-def test_a_client_with_the_node_config_key_fills_the_cache(tmp_path, synth_rc):
+def test_a_client_with_the_node_config_key_fills_the_cache(tmp_path, synth_rc, monkeypatch):
+    from collections import OrderedDict
+
     from flwr.app import Context, RecordDict
 
+    from flowerdro.clients import handlers
     from flowerdro.clients.handlers import get_runtime
+
+    # a fresh process: no runtime of this partition built by an earlier test
+    monkeypatch.setattr(handlers, "_RUNTIMES", OrderedDict())
+    monkeypatch.setattr(handlers, "_LATEST", {})
 
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 1, "num-partitions": 3,
                                                     "data-cache": str(tmp_path)}, state=RecordDict(), run_config=synth_rc)
     rt = get_runtime(ctx)
     cfg = DataConfig.from_run_config(synth_rc, num_partitions=3)
     assert cache_path(tmp_path, cfg, 1).is_file()
-    assert np.array_equal(rt.data.x_train.numpy(), get_client_data(cfg, 1).x_train)
+    assert np.array_equal(rt.data.x_train.cpu().numpy(), get_client_data(cfg, 1).x_train)

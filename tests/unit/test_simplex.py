@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cvxpy as cp
 import numpy as np
 import pytest
 from scipy.optimize import brentq
@@ -14,6 +13,9 @@ from flowerdro.core.simplex import (
     project_simplex_box,
 )
 from flowerdro.experiments.references import solve_tightly
+
+#: the reference solves these tests compare against (cvxpy is a dev extra)
+cp = pytest.importorskip("cvxpy", reason="cvxpy (the dev extra) gives the reference solves")
 
 N_RANDOM = 25
 # cvxpy is solved to gaps of 1e-12 where it can reach them: an interior-point solution of a
