@@ -299,7 +299,7 @@ def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
                    grid.contexts[nid]) for app in (first, second)]
     kits = {id(_kit_behind(app._registered_funcs[name])) for app in (first, second) for name in app._registered_funcs}
     assert len(kits) == 1  # one kit behind every route of both copies (through the routes' mods)
-    kit = first._registered_funcs["evaluate.default"].kit
+    kit = _kit_behind(first._registered_funcs["evaluate.default"])
     assert list(kit._runtimes) == [(0, 2, "auto")]  # built by the first message, reused by the second
     assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
 
