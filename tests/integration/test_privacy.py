@@ -354,3 +354,21 @@ def test_the_first_round_logs_the_data_each_client_holds(synth_rc, caplog):
     median = float(np.median(list(sizes.values())))
     assert f"median {median:g}" in lines[0] and "over 3 partitions" in lines[0]
     assert math.isfinite(median)
+
+
+def test_the_server_apps_run_config_wraps_every_strategy_in_central_dp(synth_rc, tmp_path):
+    """dp = "server-fixed" in the run config: the runs carry their DP numbers; a strategy it cannot protect is
+    refused before any message, naming the key's wrapper."""
+    from flowerdro.apps.server_app import run_strategies
+
+    rc = {**synth_rc, "dp": "server-fixed", "dp-noise-multiplier": 0.5, "dp-clipping-norm": 2.0,
+          "weighting": "uniform", "dp-accountant": True, "num-rounds": 2, "output-dir": str(tmp_path / "ok")}
+    grid = InProcessGrid(client_app, 3, rc)
+    comparison = run_strategies(grid, {**rc, "strategies": "fedavg,fedprox"})
+    for label in ("fedavg", "fedprox"):
+        records = comparison.histories[label][0]
+        assert [r["dp"]["releases"] for r in records] == [1, 2]
+        assert records[0]["dp"]["noise_stdv"] == pytest.approx(0.5 * 2.0 / 3)
+    with pytest.raises(PrivacyError, match="DifferentialPrivacyServerSideFixedClipping"):
+        run_strategies(grid, {**rc, "strategies": "fedavg,drfa", "output-dir": str(tmp_path / "refused")})
+    assert not (tmp_path / "refused").exists()  # refused before the first run began
