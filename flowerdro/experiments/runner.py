@@ -97,6 +97,13 @@ def _validate(config: Mapping[str, Any]) -> None:
             key = misplaced[0]
             top = "output-root" if key == "output-dir" else key
             raise ValueError(f"{key}: not a {where} key of an experiment file; set {top} at its top level")
+    base = tables["[run-config]"]
+    for where, table in tables.items():
+        merged = {**base, **table}
+        if str(merged.get("eval-split", "test")) == "validation" and not float(merged.get("validation-fraction") or 0) > 0:
+            raise ValueError(f"eval-split: 'validation' in {where} needs validation-fraction > 0 (the share of each "
+                             "client's training data held out for validation); got validation-fraction = "
+                             f"{merged.get('validation-fraction', 0)!r}")
     labels = {str(s) for s in _names(config, "strategies")}
     extra = sorted(set(config.get("strategy", {})) - labels)
     if extra:

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
 from flowerdro.deploy.grid import ForwardingGrid
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view
 from flowerdro.strategies.base import EmptySettings, FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -119,7 +119,8 @@ class FedAvgBaseline(FlowerBaseline):
 class FedProxSettings(Settings):
     """FedProx (Li et al. 2020)."""
 
-    proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0)
+    proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0,
+                                 knob=Knob(1e-3, 1.0, "log"))
 
 
 class FedProxBaseline(FlowerBaseline):
@@ -137,7 +138,8 @@ class FedProxBaseline(FlowerBaseline):
 class QFedAvgSettings(Settings):
     """q-FedAvg (Li, Sanjabi, Beirami, Smith 2020)."""
 
-    q: float = setting(0.2, "q of q-FFL: updates weighted by F_k^q (0: FedAvg-like)", ge=0)
+    q: float = setting(0.2, "q of q-FFL: updates weighted by F_k^q (0: FedAvg-like)", ge=0,
+                       knob=Knob(0.01, 10.0, "log"))
 
 
 class QFedAvgBaseline(FlowerBaseline):
