@@ -115,6 +115,14 @@ def _validate(config: Mapping[str, Any]) -> None:
             extra[0], ", ".join(sorted(labels)))
 
 
+def check_config(config: Mapping[str, Any]) -> None:
+    """Validate an experiment config (top-level keys, the run-config tables, the strategies) before any run.
+
+    Raises ValueError naming the key and the allowed values.
+    """
+    _validate(config)
+
+
 def plans_of(config: Mapping[str, Any], out_dir: Path | None) -> list[Plan]:
     """One :class:`Plan` per (strategy label, seed) of an experiment config."""
     _validate(config)
