@@ -2,8 +2,9 @@
 """Regenerate the run-config key tables of README.md and docs/protocol.md from the settings classes.
 
 Each table sits between ``<!-- keys:NAME -->`` and ``<!-- /keys -->``; NAME is a group of
-:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data) or the name of a
-registered strategy (its own settings). ``--check`` exits 1 when a table is out of date
+:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data), the name of a
+registered strategy (its own settings), ``advise`` (the advisor file's ``[advise]`` table) or
+``knobs`` (every strategy's strength knobs). ``--check`` exits 1 when a table is out of date
 (the test suite runs it), without writing.
 """
 
@@ -25,7 +26,13 @@ def table(name: str) -> str:
     from flowerdro.settings import describe
     from flowerdro.strategies.registry import ALGORITHMS
 
+    if name == "knobs":
+        return knob_table()
     groups = settings_groups()
+    if name == "advise":
+        from flowerdro.advise.config import AdviseSettings
+
+        groups["advise"] = [AdviseSettings]
     classes = groups[name] if name in groups else [ALGORITHMS[name].strategy.settings_class]
     rows = ["| key | meaning | default | allowed |", "|---|---|---|---|"]
     for cls in classes:
@@ -33,6 +40,22 @@ def table(name: str) -> str:
             default = "unset" if info.default is None else (
                 ",".join(map(str, info.default)) if isinstance(info.default, tuple) else info.default)
             rows.append(f"| `{info.key}` | {info.meaning} | `{default}` | {info.allowed or info.type} |")
+    return "\n".join(rows) + "\n"
+
+
+def knob_table() -> str:
+    """The strength knobs of every registered strategy: its key, meaning, range and scale."""
+    from flowerdro.settings import describe
+    from flowerdro.strategies.registry import ALGORITHMS, strength_knobs
+
+    rows = ["| strategy | knob | meaning | range | scale |", "|---|---|---|---|---|"]
+    for name in ALGORITHMS:
+        meaning = {i.key: i.meaning for i in describe(ALGORITHMS[name].strategy.settings_class)}
+        knobs = strength_knobs(name)
+        if not knobs:
+            rows.append(f"| `{name}` | – | no strength knob | | |")
+        for key, knob in knobs.items():
+            rows.append(f"| `{name}` | `{key}` | {meaning[key]} | {knob.low:g} … {knob.high:g} | {knob.scale} |")
     return "\n".join(rows) + "\n"
 
 

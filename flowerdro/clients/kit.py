@@ -281,7 +281,7 @@ class ClientKit:
     batch_keys: tuple[str, str] | None = None
     task: str = "classification"
     device: torch.device | None = None
-    _runtimes: dict[tuple[int, int], _UserRuntime] = field(default_factory=dict, repr=False)
+    _runtimes: dict[tuple[Any, ...], _UserRuntime] = field(default_factory=dict, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -317,7 +317,7 @@ class ClientKit:
         if fraction >= 1:
             raise ValueError(f"validation-fraction: must be < 1, got {fraction}")
         split_seed = s.int("data-seed", s.int("seed", 0))
-        key = (pid, n, fraction, split_seed if fraction > 0 else 0)
+        key: tuple[Any, ...] = (pid, n) if fraction == 0 else (pid, n, fraction, split_seed)
         if key not in self._runtimes:
             self._runtimes[key] = self._build(pid, n, fraction, split_seed)
         return self._runtimes[key]
