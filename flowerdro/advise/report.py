@@ -109,9 +109,9 @@ def judge(advice: Advice, significance: float, max_mean_drop: float | None) -> N
     what = {"worst20": "the worst 20% of clients", "worst10": "the worst 10% of clients",
             "worst": "the worst client", "mean": "the mean client"}[advice.objective]
     setting = f"{rec['label']} with {_knobs_text(rec['knobs'])}"
-    numbers = (f"{what} at {np.mean(mine):.3f} ± {np.std(mine):.3f} against FedAvg's {np.mean(base):.3f} ± "
-               f"{np.std(base):.3f} on the clients' test sets over {len(mine)} fresh seeds (Welch's t-test p = "
-               f"{test['p']:.2g})")
+    where = f"on the clients' test sets over {len(mine)} fresh seeds"
+    numbers = (f"{np.mean(mine):.3f} ± {np.std(mine):.3f} for {what} against FedAvg's {np.mean(base):.3f} ± "
+               f"{np.std(base):.3f} {where} (Welch's t-test p = {test['p']:.2g})")
     if rec["validation"] <= ref_val:
         advice.sentence = (f"{NO_BEAT[0].upper() + NO_BEAT[1:]}: on validation no trial beat FedAvg's "
                            f"{ref_val:.3f}; the best, {setting}, gives {numbers}. Use FedAvg.")
@@ -119,8 +119,9 @@ def judge(advice: Advice, significance: float, max_mean_drop: float | None) -> N
         cost = mean_avg - mean_rec
         price = (f"it costs {cost * 100:.1f} points of mean accuracy ({mean_avg:.3f} → {mean_rec:.3f})" if cost > 0
                  else f"at no cost in mean accuracy ({mean_avg:.3f} → {mean_rec:.3f})")
-        advice.sentence = (f"Use {setting}: it lifts {what} by {test['diff'] * 100:.1f} points, {numbers}; "
-                           f"{price}.")
+        advice.sentence = (f"Use {setting}: {where} it lifts {what} from {np.mean(base):.3f} ± {np.std(base):.3f} "
+                           f"(FedAvg) to {np.mean(mine):.3f} ± {np.std(mine):.3f}, {test['diff'] * 100:+.1f} points "
+                           f"(Welch's t-test p = {test['p']:.2g}); {price}.")
     else:
         advice.sentence = f"{NO_BEAT[0].upper() + NO_BEAT[1:]}: the best on validation, {setting}, gives {numbers}."
     if max_mean_drop is not None and mean_avg - mean_rec > max_mean_drop:
@@ -226,8 +227,8 @@ def figure(advice: Advice, path: Path) -> None:
         bx.errorbar([i], [np.mean(vals)], yerr=[np.std(vals)], fmt="o", color="red" if name == "recommended" else
                     "black", capsize=6, ms=8, zorder=4)
     bx.set_xticks(range(len(names)))
-    bx.set_xticklabels([f"{rec['label']}\n(recommended)" if n == "recommended" and rec else n for n in names],
-                       fontsize=8)
+    bx.set_xticklabels([f"{rec['label']}\n(recommended)" if n == "recommended" and rec else
+                        n if n == "fedavg" else f"{n}\n(reference)" for n in names], fontsize=8)
     bx.set_ylabel(f"test {advice.objective} accuracy")
     bx.set_title(f"verdict: {len(next(iter(advice.verdict.values())))} fresh seeds, test sets "
                  f"(p = {advice.test.get('p', float('nan')):.2g})")

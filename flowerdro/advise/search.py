@@ -227,8 +227,8 @@ class Search:
         self.progress = progress
         self.overwrite = overwrite
         self.figure = Path(figure) if figure else None
-        self.phase = "setup"
         self._study: Any = None
+        self._ref: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ the study
     def fingerprint(self) -> dict[str, Any]:
@@ -360,7 +360,6 @@ class Search:
         stored = study.user_attrs.get("reference")
         if stored is not None:
             return stored["seeds"]
-        self.phase = "reference"
         t0, out = time.time(), []
         for seed in self.seeds:
             log(INFO, "advise: reference fedavg, seed %d (validation)", seed)
@@ -421,7 +420,6 @@ class Search:
         """Run trials until ``trials`` are finished or the budget is spent."""
         from flowerdro.strategies.base import RunFailedError
 
-        self.phase = "search"
         while len(self.finished(study)) < self.advise.trials:
             if not self.budget_left(study):
                 log(WARNING, "advise: budget (%s) spent after %d of %d trials", self.budget,
@@ -437,7 +435,6 @@ class Search:
         stored = study.user_attrs.get("verdict")
         if stored is not None and stored.get("key") == key:
             return stored["runs"]
-        self.phase = "verdict"
         settings = {"recommended": (recommended["algorithm"], recommended["run_config"]),
                     REFERENCE: (REFERENCE, {})}
         for ref in self.advise.references:
