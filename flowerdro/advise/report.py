@@ -182,8 +182,12 @@ def markdown(advice: Advice, figure: str) -> str:
             f"({tr['last_estimate']:.4f} at {tr['pruned_at']} rounds)" if "last_estimate" in tr else "–")
         feas = "" if tr.get("feasible", True) else " (infeasible)"
         lines.append(f"| {tr['number']} | {tr['label']} | {_knobs_text(tr['knobs'])} | {tr['state'].lower()}{feas} | "
-                     f"{obj} | {tr.get('acc_mean', float('nan')):.4f} | {tr.get('acc_worst20', float('nan')):.4f} |")
-    return "\n".join(lines).replace("| nan |", "| – |") + "\n"
+                     f"{obj} | {_num(tr.get('acc_mean'))} | {_num(tr.get('acc_worst20'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
 
 
 def figure(advice: Advice, path: Path) -> None:
@@ -252,10 +256,14 @@ def write_report(advice: Advice, out_dir: Path, figure_path: Path | None = None)
 
 
 def flwr_run_config(advice: Advice) -> str:
-    """The recommended setting as a ``flwr run --run-config`` string (test split, first verdict seed)."""
+    """The recommended setting as a ``flwr run --run-config`` string (test split, first verdict seed).
+
+    The federation's run config, the setting's own keys, ``num-rounds``, the seed and
+    ``eval-split``; ``num-partitions`` is left to the SuperNodes' node config.
+    """
     rec = advice.recommended or {}
-    items = {"strategies": rec.get("algorithm", ""), **rec.get("run_config", {}), "num-rounds":
-             advice.settings["num-rounds"], "seed": advice.settings["verdict-seeds"][0], "eval-split": "test"}
-    if advice.settings.get("validation-fraction"):
-        items["validation-fraction"] = advice.settings["validation-fraction"]
+    base = {k: v for k, v in advice.settings["run-config"].items() if k != "num-partitions"}
+    items = {"strategies": rec.get("algorithm", ""), **base, **rec.get("run_config", {}),
+             "num-rounds": advice.settings["num-rounds"], "seed": advice.settings["verdict-seeds"][0],
+             "eval-split": "test"}
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}".replace('"', "'") for k, v in items.items())
