@@ -67,8 +67,7 @@ def trial_rows(study: Any, search: Search) -> list[dict[str, Any]]:
                 vals = [s[key] for s in row["seeds"] if key in s]
                 if vals:
                     row[key] = float(np.mean(vals))
-            cons = t.user_attrs.get("constraint")
-            row["feasible"] = cons is None or float(cons[0]) <= 0
+            row["feasible"] = all(float(v) <= 0 for v in t.constraints.values())
         elif t.state.name == "PRUNED" and t.intermediate_values:
             row["last_estimate"] = float(t.intermediate_values[max(t.intermediate_values)])
             row["pruned_at"] = int(max(t.intermediate_values))

@@ -57,8 +57,11 @@ __all__ = ["Advice", "Search", "load_config", "run", "run_seed"]
 
 #: Fairness numbers kept per run (round-record keys).
 KEPT = ("acc_mean", "acc_worst", "acc_worst10", "acc_worst20", "acc_best20", "acc_std")
-#: Trial states counted as done (a trial stopped by an interruption is run again).
+#: User attribute of a trial whose own run failed (RunFailedError): it counts as done, whereas a
+#: trial failed by an interruption (a crash, Ctrl-C) runs again.
 _RUN_FAILED = "run_failed"
+#: Name of the ``max-mean-drop`` constraint: (FedAvg's validation mean − drop) − the trial's, ≤ 0 when feasible.
+CONSTRAINT = "mean-drop"
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -134,11 +137,11 @@ class _Progress:
         current = float(np.mean(self.values[-self.last:]))
         estimate = (sum(self.done) + current) / (len(self.done) + 1)
         self.trial.report(estimate, self.k * self.R + int(record["round"]))
-        if self.mean_floor is not None:  # the constraint of a trial stopped here: its mean so far
-            self.trial.set_user_attr("constraint", [self.mean_floor - float(np.mean(self.means[-self.last:]))])
         if self.bar is not None:
             self.bar.set_postfix_str(f"{self.key} {estimate:.4f}")
         if self.trial.should_prune():
+            if self.mean_floor is not None:  # a trial stopped here is judged on its mean so far
+                self.trial.set_constraint(CONSTRAINT, self.mean_floor - float(np.mean(self.means[-self.last:])))
             raise optuna.TrialPruned(f"{self.key} estimate {estimate:.4f} after {self.k * self.R + record['round']} "
                                      "rounds trained")
 
@@ -265,11 +268,9 @@ class Search:
                 optuna.delete_study(study_name=self.name, storage=url)
             except KeyError:
                 pass
-        constraints = (lambda t: t.user_attrs.get("constraint", [0.0])) if self.advise.max_mean_drop is not None \
-            else None
+        # with max-mean-drop, each trial sets its constraint (Trial.set_constraint), which TPE reads
         sampler = optuna.samplers.TPESampler(seed=self.advise.sampler_seed, multivariate=True, group=True,
-                                             n_startup_trials=self.advise.startup_trials + len(self.candidates),
-                                             constraints_func=constraints)
+                                             n_startup_trials=self.advise.startup_trials + len(self.candidates))
         study = optuna.create_study(storage=url, study_name=self.name, direction="maximize", sampler=sampler,
                                     pruner=self.pruner(), load_if_exists=True)
         stored = study.user_attrs.get("fingerprint")
@@ -403,7 +404,7 @@ class Search:
                 bar.close()
         mean_acc = float(np.mean([s["acc_mean"] for s in seeds_out]))
         if floor is not None:
-            trial.set_user_attr("constraint", [floor - mean_acc])
+            trial.set_constraint(CONSTRAINT, floor - mean_acc)
         return float(np.mean(done))
 
     def _bar(self, number: int, label: str, values: Mapping[str, float]) -> Any:

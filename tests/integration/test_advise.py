@@ -141,3 +141,19 @@ def test_the_advisor_sets_the_validation_keys_itself(tmp_path):
     cfg = {**CONFIG, "run-config": {**CONFIG["run-config"], "eval-split": "test"}}
     with pytest.raises(ValueError, match="eval-split: the advisor sets it; remove it from \\[run-config\\]"):
         run(cfg, output_root=tmp_path, progress=False)
+
+
+def test_max_mean_drop_marks_the_trials_below_fedavgs_mean_infeasible(tmp_path):
+    drop = 0.05
+    cfg = {**CONFIG, "advise": {**CONFIG["advise"], "trials": 2, "max-mean-drop": drop}}
+    try:
+        advice = run(cfg, output_root=tmp_path, progress=False)
+    except RuntimeError as exc:  # every trial fell below FedAvg's mean by more than the drop
+        assert "no trial of tiny_advice completed feasibly" in str(exc)
+        return
+    floor = sum(r["acc_mean"] for r in advice.reference) / len(advice.reference) - drop
+    for t in advice.trials:
+        if t["state"] == "COMPLETE":
+            mean = sum(s["acc_mean"] for s in t["seeds"]) / len(t["seeds"])
+            assert t["feasible"] == (mean >= floor), t
+    assert advice.best and all(b["feasible"] for b in advice.best.values())
