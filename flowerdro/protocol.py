@@ -36,6 +36,11 @@ MODEL_NAMES: tuple[str, ...] = (
 #: Where the received model's loss ``train_loss`` is measured before local training.
 TRAIN_LOSS_ON: tuple[str, ...] = ("full", "batch")
 
+#: The data an ``evaluate`` message is answered on (run config or message config ``eval-split``):
+#: the client's test set, or the validation set held out of its training data
+#: (``validation-fraction`` > 0, or a ClientKit whose ``data_fn`` returns one).
+EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
+
 #: Attacks of malicious clients (robustness experiments): ``bias`` adds ``attack-bias`` to
 #: every loss reported; ``loss-scale`` trains on (and reports) s·f_i instead of f_i, the
 #: scaling attack of FedMGDA+ §6.2.2 (Hu et al., arXiv:2006.11489); ``update-scale`` sends
@@ -108,6 +113,9 @@ class NodeSettings(Settings):
     attack_bias: float = setting(0.0, "the bias a bias attacker adds to its losses")
     attack_scale: float = setting(1.0, "the factor s of a scaling attacker (loss-scale: its loss, "
                                        "update-scale: its update)")
+    eval_split: str = setting("test", "what the clients evaluate on: their test set, or the validation set held "
+                                      "out of their training data (needs validation-fraction > 0; for tuning)",
+                              choices=EVAL_SPLITS)
 
     def check(self) -> None:
         """``device`` must have one of the forms of :data:`DEVICES`."""

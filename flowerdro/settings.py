@@ -21,6 +21,12 @@ and TOML files may give them) into field values; ``""`` means "unset" (the defau
 knows, naming the closest known key. :func:`describe` lists a class's keys, types,
 defaults and meanings for the documentation and for the checks that keep
 ``pyproject.toml`` and the docs in line with the code.
+
+A field may also be declared a *strength knob* (``knob=Knob(low, high, "log")``): the
+setting that says how strongly an algorithm favours its worst clients (q of q-FFL, DRFA's
+dual step γ, FedMGDA+'s ε, …), with the range a search over it should cover.
+:func:`knobs` lists them; the tuning advisor (:mod:`flowerdro.advise`) reads them, so an
+algorithm brings its own search space.
 """
 
 from __future__ import annotations
@@ -34,16 +40,56 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 __all__ = [
+    "Knob",
     "Settings",
     "SettingInfo",
     "check_known_keys",
     "describe",
+    "knobs",
     "known_keys",
     "read_settings",
     "setting",
 ]
 
 S = TypeVar("S", bound="Settings")
+
+#: Scales of a strength knob: ``log`` (a search draws log(value) uniformly) or ``linear``.
+KNOB_SCALES: tuple[str, ...] = ("log", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """The range of a strength knob: the values a search over the setting should try.
+
+    Parameters
+    ----------
+    low, high : float
+        The ends of the range, ``low < high``, both inside what the setting accepts (a
+        test builds every strategy at the corners of its knobs' ranges).
+    scale : {"log", "linear"} (default: "log")
+        How a search spreads its draws: uniformly in log(value) (``low > 0``) for a
+        setting that matters by its order of magnitude, or uniformly in the value.
+    """
+
+    low: float
+    high: float
+    scale: str = "log"
+
+    def __post_init__(self) -> None:
+        if self.scale not in KNOB_SCALES:
+            raise ValueError(f"knob scale: unknown scale {self.scale!r}; allowed: {', '.join(KNOB_SCALES)}")
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ValueError(f"knob range: expected finite low < high, got [{self.low}, {self.high}]")
+        if self.scale == "log" and self.low <= 0:
+            raise ValueError(f"knob range: a log-scale knob needs low > 0, got {self.low}")
+
+    @property
+    def log(self) -> bool:
+        """Whether draws are uniform in log(value)."""
+        return self.scale == "log"
+
+    def __str__(self) -> str:
+        return f"[{self.low:g}, {self.high:g}] ({self.scale})"
 
 
 def setting(
@@ -57,6 +103,7 @@ def setting(
     le: float | None = None,
     lt: float | None = None,
     forms: str | None = None,
+    knob: Knob | None = None,
 ) -> Any:
     """A dataclass field with its run-config key, meaning and allowed values.
 
@@ -77,9 +124,14 @@ def setting(
         The allowed values in words, for the documentation, where neither ``choices`` nor
         bounds can say them (e.g. ``"auto, cpu, cuda, cuda:N"``); the class's ``check()``
         enforces them.
+    knob : Knob, optional
+        Declares the field a strength knob of its algorithm, with the range a search over
+        it covers (a float field; see :func:`knobs`).
     """
+    if knob is not None and not isinstance(knob, Knob):
+        raise TypeError(f"setting: knob must be a Knob, got {type(knob).__name__}")
     meta = {"meaning": meaning, "key": key, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt,
-            "forms": forms}
+            "forms": forms, "knob": knob}
     if isinstance(default, list | dict | set):
         raise TypeError("setting: mutable defaults are not allowed; use a tuple")
     return dataclasses.field(default=default, metadata=meta)
@@ -168,6 +220,25 @@ def check_known_keys(config: Mapping[str, Any], known: Iterable[str], *, where: 
         close = difflib.get_close_matches(k.replace("_", "-"), sorted(known), n=1, cutoff=0.6)
         parts.append(f"'{k}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
     raise ValueError(f"{where}: unknown key{'s' if len(bad) > 1 else ''} {', '.join(parts)}")
+
+
+def knobs(cls: type[Settings], *, exclude: Iterable[str] = ()) -> dict[str, Knob]:
+    """The strength knobs of ``cls``: run-config key → :class:`Knob`, in field order.
+
+    ``exclude`` names fields left out (those a registry entry fixes: FedAvg-n is FedMGDA+
+    with ε = 0, so it has no ε to tune).
+    """
+    skip, hints, out = set(exclude), _hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("knob") is None or f.name in skip:
+            continue
+        tp = hints[f.name]
+        if _is_optional(tp):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        if tp is not float:
+            raise TypeError(f"{cls.__name__}.{f.name}: a strength knob must be a float setting, got {_type_name(tp)}")
+        out[_key(f)] = f.metadata["knob"]
+    return out
 
 
 def describe(cls: type[Settings]) -> list[SettingInfo]:

@@ -6,8 +6,9 @@ Flower's privacy pieces, from the declarations that tests/integration/test_priva
 checks by running every pair.
 
 Each table sits between ``<!-- keys:NAME -->`` and ``<!-- /keys -->``; NAME is a group of
-:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data) or the name of a
-registered strategy (its own settings). ``--check`` exits 1 when a table is out of date
+:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data), the name of a
+registered strategy (its own settings), ``advise`` (the advisor file's ``[advise]`` table) or
+``knobs`` (every strategy's strength knobs). ``--check`` exits 1 when a table is out of date
 (the test suite runs it), without writing.
 """
 
@@ -33,7 +34,13 @@ def table(name: str) -> str:
     from flowerdro.settings import describe
     from flowerdro.strategies.registry import ALGORITHMS
 
+    if name == "knobs":
+        return knob_table()
     groups = settings_groups()
+    if name == "advise":
+        from flowerdro.advise.config import AdviseSettings
+
+        groups["advise"] = [AdviseSettings]
     classes = groups[name] if name in groups else [ALGORITHMS[name].strategy.settings_class]
     rows = ["| key | meaning | default | allowed |", "|---|---|---|---|"]
     for cls in classes:
@@ -45,6 +52,22 @@ def table(name: str) -> str:
             if allowed.startswith(", "):  # an empty choice: "" (off)
                 allowed = '"" (off)' + allowed
             rows.append(f"| `{info.key}` | {info.meaning} | `{default}` | {allowed} |")
+    return "\n".join(rows) + "\n"
+
+
+def knob_table() -> str:
+    """The strength knobs of every registered strategy: its key, meaning, range and scale."""
+    from flowerdro.settings import describe
+    from flowerdro.strategies.registry import ALGORITHMS, strength_knobs
+
+    rows = ["| strategy | knob | meaning | range | scale |", "|---|---|---|---|---|"]
+    for name in ALGORITHMS:
+        meaning = {i.key: i.meaning for i in describe(ALGORITHMS[name].strategy.settings_class)}
+        knobs = strength_knobs(name)
+        if not knobs:
+            rows.append(f"| `{name}` | – | no strength knob | | |")
+        for key, knob in knobs.items():
+            rows.append(f"| `{name}` | `{key}` | {meaning[key]} | {knob.low:g} … {knob.high:g} | {knob.scale} |")
     return "\n".join(rows) + "\n"
 
 

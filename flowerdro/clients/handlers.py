@@ -45,7 +45,7 @@ from flowerdro.clients.training import (
 from flowerdro.data import DataConfig
 from flowerdro.data.node_cache import cached_client_data
 from flowerdro.models import build_model
-from flowerdro.protocol import ATTACKS
+from flowerdro.protocol import ATTACKS, EVAL_SPLITS
 
 #: Salts that keep the random streams of different phases apart.
 _SALT_TRAIN, _SALT_QUERY = 11, 23
@@ -166,7 +166,7 @@ def _runtime_cached(
         return runtimes[key]
     cd = cached_client_data(data_cfg, partition_id, data_cache)
     data = LocalData.from_numpy(cd.x_train, cd.y_train, cd.x_test, cd.y_test, torch.device(device),
-                                dtype=PRECISIONS[precision])
+                                dtype=PRECISIONS[precision], x_val=cd.x_val, y_val=cd.y_val)
     rt = ClientRuntime(
         partition_id=partition_id,
         num_partitions=data_cfg.num_partitions,
@@ -384,19 +384,45 @@ def train_reply(
     return Message(content=content, reply_to=message)
 
 
-def evaluate_reply(message: Message, context: Context, *, named: bool = False) -> Message:
-    """Loss and accuracy of the received model on this client's own test set.
+def eval_split_of(message: Message, context: Context) -> str:
+    """The split an evaluate message asks for: ``eval-split`` of its config, else of the run config, else ``test``."""
+    return settings_for(message, context).str("eval-split", "test", choices=EVAL_SPLITS)
 
-    Metrics: ``num-examples`` (test examples), ``partition-id``, ``test_loss``, ``test_acc``
-    (``test_acc`` only for classification; a regression task reports ``test_loss``, the MSE).
-    With ``named`` (flowerdro's ClientApp), the loss and accuracy carry the names the
-    message's config asks for (``loss-metric``, ``accuracy-metric``: the server's).
+
+def evaluation_split(rt: ClientRuntime, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs and labels an evaluation on ``split`` reads: the one place that hands them out.
+
+    ``"test"``: the client's test set. ``"validation"``: the rows held out of its training
+    data (``validation-fraction`` > 0, or a ClientKit's own validation data); a client
+    without them refuses, naming the keys, rather than answer on another split.
+    """
+    if split == "test":
+        return rt.data.x_test, rt.data.y_test
+    if split != "validation":
+        raise ValueError(f"eval-split: unknown split {split!r}; allowed: {', '.join(EVAL_SPLITS)}")
+    if rt.data.x_val is None or rt.data.y_val is None:
+        raise ValueError("eval-split: 'validation' asks for a validation set, and this client has none; set "
+                         "validation-fraction > 0 in the run config (a ClientKit: or return (train, validation, "
+                         "test) from data_fn)")
+    return rt.data.x_val, rt.data.y_val
+
+
+def evaluate_reply(message: Message, context: Context, *, named: bool = False) -> Message:
+    """Loss and accuracy of the received model on this client's own test set (or validation set).
+
+    Config (message over run config): ``eval-split``, ``"test"`` (default) or
+    ``"validation"`` (:func:`evaluation_split`). Metrics: ``num-examples`` (examples of that
+    split), ``partition-id``, ``test_loss``, ``test_acc`` (under these names whichever the
+    split; ``test_acc`` only for classification, a regression task reports ``test_loss``,
+    the MSE). With ``named`` (flowerdro's ClientApp), the loss and accuracy carry the names
+    the message's config asks for (``loss-metric``, ``accuracy-metric``: the server's).
     """
     rt = get_runtime(context)
+    x, y = evaluation_split(rt, eval_split_of(message, context))
     model = rt.model_from(_received_arrays(message))
-    loss, acc = evaluate_model(model, rt.data.x_test, rt.data.y_test, loss_fn=rt.loss_fn)
+    loss, acc = evaluate_model(model, x, y, loss_fn=rt.loss_fn)
     values: dict[str, Any] = {
-        "num-examples": rt.data.num_test,
+        "num-examples": int(y.shape[0]),
         "partition-id": rt.partition_id,
         "test_loss": float(loss),
     }

@@ -31,7 +31,16 @@ What runs where:
 
 The user's data is read once per partition into tensors (the algorithm-defined loops draw
 seeded minibatches from them); the user's own loaders still go to ``train_fn`` and
-``test_fn``. ``partition-id`` in the node config is optional: without it the node's id
+``test_fn``.
+
+Validation data (an evaluate message with ``eval-split = "validation"``, the tuning
+advisor's search): ``data_fn`` may return ``(train, validation, test)``, and the
+validation part is then evaluated as the test part is (``test_fn`` on the validation
+loader). With ``(train, test)`` and run config ``validation-fraction`` v > 0 the kit holds
+out a stratified v of the training tensors itself (seeded by ``data-seed``, else ``seed``),
+but only where nothing of the user's reads the training loader or evaluates a loader: with
+a ``train_fn`` or a ``test_fn`` it refuses and asks for ``(train, validation, test)``, since
+the user's loader would still hold the validation rows. ``partition-id`` in the node config is optional: without it the node's id
 stands for the partition (the server does the same), and ``data_fn`` is called with
 ``(node_id, 0)``.
 
@@ -146,15 +155,17 @@ class _UserRuntime(handlers.ClientRuntime):
     test_loader: Any
     user: Placement
     device_setting: str
+    validation_loader: Any
 
     def __init__(self, kit: ClientKit, partition_id: int, num_partitions: int, data: LocalData,
                  train_loader: Any, test_loader: Any, num_classes: int, user: Placement,
-                 device_setting: str) -> None:
+                 device_setting: str, validation_loader: Any = None) -> None:
         super().__init__(partition_id=partition_id, num_partitions=num_partitions, data=data,
                          input_shape=tuple(data.x_train.shape[1:]), num_classes=num_classes, model_name="user",
                          model_kwargs=(), task=kit.task)
         self.kit, self.train_loader, self.test_loader = kit, train_loader, test_loader
         self.user, self.device_setting = user, device_setting
+        self.validation_loader = validation_loader
 
     def for_user(self, model: nn.Module) -> nn.Module:
         """``model`` moved to where the user's functions run (nothing happens when it is there)."""
@@ -310,9 +321,11 @@ class ClientKit:
     model_fn : callable
         ``model_fn() -> torch.nn.Module``, a fresh model (e.g. the project's ``Net``).
     data_fn : callable
-        ``data_fn(partition_id, num_partitions) -> (train, test)``; ``train`` and ``test``
-        are loaders of ``(x, y)`` batches or dict batches (see ``batch_keys``) or pairs
-        ``(x, y)`` of tensors/arrays. Called once per partition and process.
+        ``data_fn(partition_id, num_partitions) -> (train, test)`` or ``(train, validation,
+        test)``; each part is a loader of ``(x, y)`` batches or dict batches (see
+        ``batch_keys``) or a pair ``(x, y)`` of tensors/arrays. Called once per partition
+        and process. The validation part answers evaluate messages with ``eval-split =
+        "validation"`` (see the module docstring for ``validation-fraction``).
     loss_fn : callable
         The minibatch loss ``loss_fn(model(x), y)`` → scalar mean loss (e.g.
         ``torch.nn.CrossEntropyLoss()``); the algorithm-defined loops minimise it.
@@ -353,7 +366,7 @@ class ClientKit:
     batch_keys: tuple[str, str] | None = None
     task: str = "classification"
     device: str | torch.device | None = None
-    _runtimes: dict[tuple[int, int, str], _UserRuntime] = field(default_factory=dict, repr=False)
+    _runtimes: dict[tuple[Any, ...], _UserRuntime] = field(default_factory=dict, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -387,9 +400,14 @@ class ClientKit:
         else:
             pid, n = int(context.node_id), 0
         setting = self._device_setting(context.run_config.get("device"))
-        key = (pid, n, setting)
+        s = Settings(context.run_config)
+        fraction = s.float("validation-fraction", 0.0, minimum=0.0)
+        if fraction >= 1:
+            raise ValueError(f"validation-fraction: must be < 1, got {fraction}")
+        split_seed = s.int("data-seed", s.int("seed", 0))
+        key: tuple[Any, ...] = (pid, n, setting) if fraction == 0 else (pid, n, setting, fraction, split_seed)
         if key not in self._runtimes:
-            self._runtimes[key] = self._build(pid, n, setting)
+            self._runtimes[key] = self._build(pid, n, setting, fraction, split_seed)
         return self._runtimes[key]
 
     def _device_setting(self, run_config_value: Any) -> str:
@@ -407,15 +425,35 @@ class ClientKit:
                              f"device = {asked!r}; set one of them")
         return own
 
-    def _build(self, pid: int, n: int, device_setting: str = "auto") -> _UserRuntime:
+    def _build(self, pid: int, n: int, device_setting: str = "auto", fraction: float = 0.0,
+               split_seed: int = 0) -> _UserRuntime:
         loaded = self.data_fn(pid, n)
-        if not isinstance(loaded, tuple | list) or len(loaded) != 2:
-            raise ValueError(f"data_fn: expected (train, test), got {type(loaded).__name__}")
-        train, test = loaded
+        if not isinstance(loaded, tuple | list) or len(loaded) not in (2, 3):
+            raise ValueError(f"data_fn: expected (train, test) or (train, validation, test), got "
+                             f"{type(loaded).__name__}" + (f" of length {len(loaded)}"
+                                                           if isinstance(loaded, tuple | list) else ""))
+        train, validation, test = (loaded[0], None, loaded[1]) if len(loaded) == 2 else tuple(loaded)
+        if validation is not None and fraction > 0:
+            raise ValueError(f"validation-fraction: your data_fn returns its own validation data (train, validation, "
+                             f"test); set validation-fraction = 0 (got {fraction}) or return (train, test)")
+        if validation is None and fraction > 0 and (self.train_fn is not None or self.test_fn is not None):
+            which = "train_fn trains on your train loader" if self.train_fn is not None else \
+                "test_fn evaluates your own loaders"
+            raise ValueError(f"validation-fraction: your {which}, which cannot see the rows held out of the "
+                             "training tensors; return (train, validation, test) from data_fn instead and set "
+                             "validation-fraction = 0")
         x_tr, y_tr = tensors_of(train, "train data", self.batch_keys)
         x_te, y_te = tensors_of(test, "test data", self.batch_keys)
         if x_te.shape[1:] != x_tr.shape[1:]:
             raise ValueError(f"test data: inputs of shape {tuple(x_te.shape[1:])} per example; the training "
+                             f"inputs have {tuple(x_tr.shape[1:])}")
+        x_va = y_va = None
+        if validation is not None:
+            x_va, y_va = tensors_of(validation, "validation data", self.batch_keys)
+        elif fraction > 0:
+            x_tr, y_tr, x_va, y_va = self._hold_out(x_tr, y_tr, fraction, split_seed, pid)
+        if x_va is not None and x_va.shape[1:] != x_tr.shape[1:]:
+            raise ValueError(f"validation data: inputs of shape {tuple(x_va.shape[1:])} per example; the training "
                              f"inputs have {tuple(x_tr.shape[1:])}")
         device = resolve_device(device_setting)
         # the user's functions: on the device and dtype of the inputs their loader yields, unless told otherwise
@@ -427,10 +465,27 @@ class ClientKit:
         if self.task == "classification" and torch.is_floating_point(y_tr):
             raise ValueError(f"train data: labels have dtype {y_tr.dtype}; a classification task expects integer "
                              "class labels (task='regression' for float targets)")
-        data = LocalData(x_tr.to(loops.device, dtype), label(y_tr), x_te.to(loops.device, dtype), label(y_te))
-        rt = _UserRuntime(self, pid, n, data, train, test, num_classes=0, user=user, device_setting=device_setting)
+        data = LocalData(x_tr.to(loops.device, dtype), label(y_tr), x_te.to(loops.device, dtype), label(y_te),
+                         None if x_va is None else x_va.to(loops.device, dtype),
+                         None if y_va is None else label(y_va))
+        rt = _UserRuntime(self, pid, n, data, train, test, num_classes=0, user=user, device_setting=device_setting,
+                          validation_loader=validation)
         rt.num_classes = self._check_model(rt)
         return rt
+
+    def _hold_out(self, x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int, pid: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x_train, y_train, x_val, y_val): a stratified ``fraction`` of the rows held out, seeded by (seed, pid).
+
+        The rows are split as flowerdro's own data sets split theirs
+        (:func:`flowerdro.data.federated.validation_split`; random rows for regression).
+        """
+        from flowerdro.data.federated import validation_split
+
+        labels = y.cpu().numpy() if self.task == "classification" else None
+        train, val = validation_split(np.arange(int(y.shape[0])), labels, fraction, seed, pid)
+        tr, va = torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(val))
+        return x[tr], y[tr], x[va], y[va]
 
     def _check_model(self, rt: _UserRuntime) -> int:
         """Run the model on two examples: it must accept the inputs and fit the labels."""
@@ -526,9 +581,10 @@ class ClientKit:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, message: Message, context: Context) -> Message:
-        """Loss and accuracy on the user's test data, under the server's metric names (the message's
-        ``accuracy-metric`` / ``loss-metric``; the kit's own names when the message has none)."""
+        """Loss and accuracy on the user's test data (or validation data: ``eval-split``), under the server's
+        metric names (the message's ``accuracy-metric`` / ``loss-metric``; the kit's own when it has none)."""
         rt = self.runtime(context)
+        split = handlers.eval_split_of(message, context)
         own = handlers.message_settings(message)
         acc_name = own.str("accuracy-metric", self.accuracy_metric) or self.accuracy_metric
         loss_name = own.str("loss-metric", self.loss_metric) or self.loss_metric
@@ -536,21 +592,24 @@ class ClientKit:
             reply = handlers.evaluate_reply(message, context)
             m = dict(reply.content["metrics"])
             if rt.loss_fn is not None and self.task == "classification":  # a custom loss: argmax accuracy
+                x, y = handlers.evaluation_split(rt, split)
                 model = rt.model_from(handlers._received_arrays(message))
                 with torch.no_grad():
-                    pred = model(rt.data.x_test).argmax(1) if rt.data.num_test else None
-                m["test_acc"] = float((pred == rt.data.y_test).float().mean()) if pred is not None else 0.0
+                    pred = model(x).argmax(1) if y.shape[0] else None
+                m["test_acc"] = float((pred == y).float().mean()) if pred is not None else 0.0
             values = {"num-examples": m["num-examples"], "partition-id": m["partition-id"],
                       loss_name: m["test_loss"]}
             if "test_acc" in m:
                 values[acc_name] = m["test_acc"]
         else:
+            _, y = handlers.evaluation_split(rt, split)
+            loader = rt.validation_loader if split == "validation" else rt.test_loader
             model = rt.for_user(rt.model_from(handlers._received_arrays(message)))
-            result = rt.call_user("test_fn", self.test_fn, model, rt.test_loader, rt.user.device)
+            result = rt.call_user("test_fn", self.test_fn, model, loader, rt.user.device)
             if not isinstance(result, tuple | list) or len(result) != 2:
                 raise ValueError(f"test_fn: expected (loss, accuracy or metrics dict), got {result!r}")
             loss, acc = result
-            values = {"num-examples": rt.data.num_test, "partition-id": rt.partition_id,
+            values = {"num-examples": int(y.shape[0]), "partition-id": rt.partition_id,
                       loss_name: float(loss)}
             if isinstance(acc, Mapping):
                 if self.test_accuracy_key not in acc:

@@ -103,12 +103,18 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
 
 @dataclass
 class LocalData(SplitSizes):
-    """A client's data as tensors on one device (train and test split)."""
+    """A client's data as tensors on one device: train and test split, and the validation set if any.
+
+    The training loops read ``x_train``/``y_train`` only; an evaluation reads the split its
+    message asks for (:func:`flowerdro.clients.handlers.evaluation_split`).
+    """
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @classmethod
     def from_numpy(
@@ -119,6 +125,8 @@ class LocalData(SplitSizes):
         y_test: np.ndarray,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
+        x_val: np.ndarray | None = None,
+        y_val: np.ndarray | None = None,
     ) -> LocalData:
         """Move numpy arrays to ``device`` once.
 
@@ -143,7 +151,10 @@ class LocalData(SplitSizes):
             arr = np.asarray(a)
             return tensor(arr, dtype if np.issubdtype(arr.dtype, np.floating) else torch.int64)
 
-        return cls(tx(x_train), ty(y_train), tx(x_test), ty(y_test))
+        if (x_val is None) != (y_val is None):
+            raise ValueError("x_val, y_val: give both validation arrays or neither")
+        val = (tx(x_val), ty(y_val)) if x_val is not None and y_val is not None else (None, None)
+        return cls(tx(x_train), ty(y_train), tx(x_test), ty(y_test), *val)
 
 
 def minibatches(

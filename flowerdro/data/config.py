@@ -100,6 +100,11 @@ class DataConfig(Settings):
         the client's domain; ``synthetic`` has no global test split and allows ``split`` only.
     test_fraction : float (default: 0.2)
         Fraction ∈ (0, 1) of a client's data used for testing.
+    validation_fraction : float (default: 0.0)
+        Fraction v ∈ [0, 1) of a client's training rows held out as its validation set
+        (stratified, seeded by ``data-seed`` and the client); training then sees only the
+        other rows, and an evaluate message with ``eval-split = "validation"`` is answered
+        on these. 0: no validation set (the training set is unchanged).
     samples_per_client : int (default: 0)
         0 keeps everything; otherwise the cap on each client's training set.
     synthetic_alpha, synthetic_beta : float (default: 1.0)
@@ -141,6 +146,8 @@ class DataConfig(Settings):
     test_mode: str = setting("split", "a client's test set: split from its partition, or the global test "
                                       "split with its label mix", choices=TEST_MODES)
     test_fraction: float = setting(0.2, "fraction of a client's data used for testing", gt=0, lt=1)
+    validation_fraction: float = setting(0.0, "fraction of a client's training data held out as its validation "
+                                              "set (0: none); training sees only the rest", ge=0, lt=1)
     samples_per_client: int = setting(0, "cap on each client's training set (0: no cap)", ge=0)
     synthetic_alpha: float = setting(1.0, "α of LEAF's Synthetic(α, β): model heterogeneity", ge=0)
     synthetic_beta: float = setting(1.0, "β of LEAF's Synthetic(α, β): input heterogeneity", ge=0)

@@ -27,11 +27,16 @@ changing `test_fraction` does not change which clients are reduced):
 3. **cap** (``samples_per_client`` > 0): the training set becomes a random subset of that
    size; a ``split`` test set is subsampled (keeping its label mix) to keep the ratio
    f / (1 − f); ``label-mix`` sizes follow the capped training set;
-4. **reduce**: round(reduce_fraction · N) clients keep ``max(1, round(reduce_keep · n))``
-   random rows of their training set; test sets are left whole, so a reduced client is
-   still evaluated on its full distribution;
-5. **affine shift** (``affine_shift_lambda_std`` / ``affine_shift_delta_std`` > 0): client
-   i's train and test inputs become Λ_i x + δ_i on the flattened input, Λ_i = I + s_Λ G_i,
+4. **validation** (``validation_fraction`` v > 0): a stratified v of the client's training
+   rows (``round(v·n)`` rows, at least one, with the label mix of the rest;
+   ``robust_regression``: a seeded random v of its rows) become its validation set, from
+   the stream (seed, 6, i); training sees only the other rows. Without it (v = 0, the
+   default) nothing changes and the client has no validation set;
+5. **reduce**: round(reduce_fraction · N) clients keep ``max(1, round(reduce_keep · n))``
+   random rows of their training set; test and validation sets are left whole, so a
+   reduced client is still evaluated on its full distribution;
+6. **affine shift** (``affine_shift_lambda_std`` / ``affine_shift_delta_std`` > 0): client
+   i's train, validation and test inputs become Λ_i x + δ_i on the flattened input, Λ_i = I + s_Λ G_i,
    δ_i = s_δ g_i with standard Gaussian G_i, g_i from its own seeded stream (FedRobust's
    per-node affine distribution shifts, see `affine_shift_client`).
 
@@ -60,10 +65,11 @@ from flowerdro.data.synthetic import leaf_synthetic, robust_regression_problem
 
 # independent random streams, seeded by (cfg.seed, stream id)
 _STREAM_SPLIT, _STREAM_CAP, _STREAM_REDUCE, _STREAM_TEST, _STREAM_AFFINE = 1, 2, 3, 4, 5
+_STREAM_VALIDATION = 6
 
 
 class SplitSizes:
-    """``num_train`` and ``num_test`` of a client's data, the lengths of its ``y_train`` and ``y_test``.
+    """``num_train``, ``num_test`` and ``num_val`` of a client's data: the lengths of its labels.
 
     Shared by the numpy :class:`ClientData` and the torch
     :class:`flowerdro.clients.training.LocalData`.
@@ -71,6 +77,12 @@ class SplitSizes:
 
     y_train: Any
     y_test: Any
+    y_val: Any
+
+    @property
+    def num_val(self) -> int:
+        """Number of validation examples (0 without a validation set)."""
+        return 0 if self.y_val is None else int(self.y_val.shape[0])
 
     @property
     def num_train(self) -> int:
@@ -101,6 +113,9 @@ class ClientData(SplitSizes):
         Number of classes of the data set (not only those the client holds).
     input_shape : tuple[int, ...]
         Shape of one example, ``x_train.shape[1:]``.
+    x_val, y_val : np.ndarray or None
+        The validation set held out of the training rows (``validation_fraction`` > 0),
+        else None.
     """
 
     partition_id: int
@@ -110,6 +125,8 @@ class ClientData(SplitSizes):
     y_test: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
+    x_val: np.ndarray | None = None
+    y_val: np.ndarray | None = None
 
 
 def _rng(seed: int, stream: int, client: int = 0) -> np.random.Generator:
@@ -128,8 +145,11 @@ def _make_client(
     x_te: np.ndarray,
     y_te: np.ndarray,
     num_classes: int,
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
 ) -> ClientData:
     x_tr, x_te = to_float32(x_tr), to_float32(x_te)
+    has_val = x_val is not None and y_val is not None
     return ClientData(
         partition_id=pid,
         x_train=_readonly(x_tr),
@@ -138,7 +158,36 @@ def _make_client(
         y_test=_readonly(y_te.astype(np.int64)),
         num_classes=num_classes,
         input_shape=tuple(int(s) for s in x_tr.shape[1:]),
+        x_val=_readonly(to_float32(x_val)) if has_val else None,
+        y_val=_readonly(y_val.astype(np.int64)) if has_val else None,
     )
+
+
+def validation_split(
+    train: np.ndarray, labels: np.ndarray | None, fraction: float, seed: int, pid: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Client ``pid``'s training rows ``train`` split into (training, validation) rows.
+
+    ``round(v·n)`` of the n rows (clipped to [1, n − 1]), v = ``fraction``, go to
+    validation: stratified by ``labels`` (each class with two or more rows in both parts
+    where the count allows, see :func:`~flowerdro.data.partition.stratified_split`), or a
+    seeded random subset when ``labels`` is None (regression). The random stream is
+    (``seed``, 6, ``pid``), ``seed`` the data seed: the split is the same for every run
+    seed, and independent of the other steps' streams. Raises ValueError naming
+    ``validation-fraction`` when the client has fewer than two training rows.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation-fraction: must be in (0, 1) to split, got {fraction}")
+    n = len(train)
+    if n < 2:
+        raise ValueError(f"validation-fraction: client {pid} has {n} training example(s), too few to hold out "
+                         "a validation set; lower num-partitions or set validation-fraction = 0")
+    rng = _rng(seed, _STREAM_VALIDATION, pid)
+    if labels is None:
+        k = int(np.clip(round(fraction * n), 1, n - 1))
+        perm = rng.permutation(n)
+        return np.sort(train[perm[k:]]), np.sort(train[perm[:k]])
+    return stratified_split(train, labels, fraction, rng)
 
 
 def _test_size(n_train: int, test_fraction: float) -> int:
@@ -227,6 +276,9 @@ def _regression_clients(cfg: DataConfig) -> tuple[ClientData, ...]:
     """SCAFF-PD §6.1 robust-regression clients (float32 x and y; first m_i rows train)."""
     m = cfg.samples_per_client or REGRESSION_DEFAULT_SAMPLES
     m_test = _test_size(m, cfg.test_fraction)
+    if cfg.validation_fraction > 0 and m < 2:
+        raise ValueError(f"validation-fraction: {m} training row(s) per client are too few to hold out a "
+                         "validation set; raise samples-per-client or set validation-fraction = 0")
     problem = robust_regression_problem(
         cfg.num_partitions,
         cfg.regression_dim,
@@ -238,15 +290,20 @@ def _regression_clients(cfg: DataConfig) -> tuple[ClientData, ...]:
     clients = []
     for pid, (a, y) in enumerate(zip(problem.features, problem.targets, strict=True)):
         x32, y32 = a.astype(np.float32), y.astype(np.float32)
+        train, val = np.arange(m), None
+        if cfg.validation_fraction > 0:
+            train, val = validation_split(train, None, cfg.validation_fraction, cfg.seed, pid)
         clients.append(
             ClientData(
                 partition_id=pid,
-                x_train=_readonly(x32[:m]),
-                y_train=_readonly(y32[:m]),
+                x_train=_readonly(x32[train]),
+                y_train=_readonly(y32[train]),
                 x_test=_readonly(x32[m:]),
                 y_test=_readonly(y32[m:]),
                 num_classes=1,
                 input_shape=(cfg.regression_dim,),
+                x_val=None if val is None else _readonly(x32[val]),
+                y_val=None if val is None else _readonly(y32[val]),
             )
         )
     return tuple(clients)
@@ -274,7 +331,8 @@ def affine_shift_client(client: ClientData, cfg: DataConfig) -> ClientData:
             flat = flat + flat @ lam_dev.T
         return _readonly((flat + delta.astype(x.dtype)).reshape(x.shape))
 
-    return replace(client, x_train=shift(client.x_train), x_test=shift(client.x_test))
+    return replace(client, x_train=shift(client.x_train), x_test=shift(client.x_test),
+                   x_val=None if client.x_val is None else shift(client.x_val))
 
 
 @functools.lru_cache(maxsize=2)  # one image data set in float32 is ~200 MB
@@ -293,13 +351,18 @@ def _build_clients(cfg: DataConfig) -> tuple[ClientData, ...]:
     else:
         specs, num_classes = _labelled_clients(cfg)
     train_parts = [spec[2] for spec in specs]
+    val_parts: list[np.ndarray | None] = [None] * len(specs)
+    if cfg.validation_fraction > 0:
+        for pid, spec in enumerate(specs):
+            train_parts[pid], val_parts[pid] = validation_split(spec[2], spec[1], cfg.validation_fraction,
+                                                                cfg.seed, pid)
     if cfg.reduce_fraction > 0 and cfg.reduce_keep < 1:
         train_parts, _ = reduce_clients(
             train_parts, cfg.reduce_fraction, cfg.reduce_keep, _rng(cfg.seed, _STREAM_REDUCE)
         )
     clients = []
-    for pid, ((x_tr, y_tr, _, x_te, y_te, test), train) in enumerate(
-        zip(specs, train_parts, strict=True)
+    for pid, ((x_tr, y_tr, _, x_te, y_te, test), train, val) in enumerate(
+        zip(specs, train_parts, val_parts, strict=True)
     ):
         if len(train) == 0 or len(test) == 0:
             raise ValueError(
@@ -307,7 +370,8 @@ def _build_clients(cfg: DataConfig) -> tuple[ClientData, ...]:
                 f"lower num-partitions ({cfg.num_partitions}) or change the partition"
             )
         clients.append(
-            _make_client(pid, x_tr[train], y_tr[train], x_te[test], y_te[test], num_classes)
+            _make_client(pid, x_tr[train], y_tr[train], x_te[test], y_te[test], num_classes,
+                         None if val is None else x_tr[val], None if val is None else y_tr[val])
         )
     return tuple(clients)
 

@@ -27,6 +27,8 @@ __all__ = ["CACHE_ENV", "cache_path", "cached_client_data"]
 CACHE_ENV = "FLOWERDRO_DATA_CACHE"
 
 _FIELDS = ("x_train", "y_train", "x_test", "y_test")
+#: The validation set's arrays, stored only when the client has one (``validation-fraction`` > 0).
+_VAL_FIELDS = ("x_val", "y_val")
 
 
 def cache_path(cache_dir: str | Path, cfg: DataConfig, partition_id: int) -> Path:
@@ -51,6 +53,8 @@ def cached_client_data(cfg: DataConfig, partition_id: int, cache_dir: str | Path
         try:
             with np.load(path) as z:
                 arrays = {name: z[name] for name in _FIELDS}
+                if cfg.validation_fraction > 0:
+                    arrays.update({name: z[name] for name in _VAL_FIELDS})
                 num_classes, shape = int(z["num_classes"]), tuple(int(v) for v in z["input_shape"])
             for a in arrays.values():
                 a.flags.writeable = False
@@ -62,7 +66,8 @@ def cached_client_data(cfg: DataConfig, partition_id: int, cache_dir: str | Path
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{name: getattr(cd, name) for name in _FIELDS}, num_classes=np.int64(cd.num_classes),
+            names = _FIELDS + (_VAL_FIELDS if cd.x_val is not None else ())
+            np.savez(fh, **{name: getattr(cd, name) for name in names}, num_classes=np.int64(cd.num_classes),
                      input_shape=np.asarray(cd.input_shape, dtype=np.int64))
         os.replace(tmp, path)
     finally:

@@ -104,6 +104,13 @@ def _validate(config: Mapping[str, Any]) -> None:
             key = misplaced[0]
             top = "output-root" if key == "output-dir" else key
             raise ValueError(f"{key}: not a {where} key of an experiment file; set {top} at its top level")
+    base = tables["[run-config]"]
+    for where, table in tables.items():
+        merged = {**base, **table}
+        if str(merged.get("eval-split", "test")) == "validation" and not float(merged.get("validation-fraction") or 0) > 0:
+            raise ValueError(f"eval-split: 'validation' in {where} needs validation-fraction > 0 (the share of each "
+                             "client's training data held out for validation); got validation-fraction = "
+                             f"{merged.get('validation-fraction', 0)!r}")
     labels = {str(s) for s in _names(config, "strategies")}
     extra = sorted(set(config.get("strategy", {})) - labels)
     if extra:
@@ -113,6 +120,14 @@ def _validate(config: Mapping[str, Any]) -> None:
 
         log(WARNING, "[strategy.%s] is not in strategies (%s); it runs only when --strategies names it",
             extra[0], ", ".join(sorted(labels)))
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Validate an experiment config (top-level keys, the run-config tables, the strategies) before any run.
+
+    Raises ValueError naming the key and the allowed values.
+    """
+    _validate(config)
 
 
 def plans_of(config: Mapping[str, Any], out_dir: Path | None) -> list[Plan]:

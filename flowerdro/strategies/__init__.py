@@ -17,7 +17,7 @@ from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
-from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names
+from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names, strength_knobs
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
 
@@ -41,4 +41,5 @@ __all__ = [
     "RunFailedError",
     "build_strategy",
     "strategy_names",
+    "strength_knobs",
 ]

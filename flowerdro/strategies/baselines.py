@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
 from flowerdro.deploy.grid import ForwardingGrid
 from flowerdro.protocol import NUM_EXAMPLES
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -158,7 +158,8 @@ class FedAvgBaseline(_MeanOfModels, FlowerBaseline):
 class FedProxSettings(FedAvgSettings):
     """FedProx (Li et al. 2020)."""
 
-    proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0)
+    proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_global‖² in the clients' loss", ge=0,
+                                 knob=Knob(1e-3, 1.0, "log"))
 
 
 class FedProxBaseline(_MeanOfModels, FlowerBaseline):
@@ -176,7 +177,8 @@ class FedProxBaseline(_MeanOfModels, FlowerBaseline):
 class QFedAvgSettings(Settings):
     """q-FedAvg (Li, Sanjabi, Beirami, Smith 2020)."""
 
-    q: float = setting(0.2, "q of q-FFL: updates weighted by F_k^q (0: FedAvg-like)", ge=0)
+    q: float = setting(0.2, "q of q-FFL: updates weighted by F_k^q (0: FedAvg-like)", ge=0,
+                       knob=Knob(0.01, 10.0, "log"))
 
 
 class QFedAvgBaseline(FlowerBaseline):

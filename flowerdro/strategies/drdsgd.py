@@ -68,7 +68,7 @@ from flowerdro.core.gossip import (
 from flowerdro.core.graphs import TOPOLOGIES, GraphSchedule
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MAX_LOG_CAP, MIN_LOG_CAP, log_cap_from_max_weight
 from flowerdro.protocol import NUM_EXAMPLES
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -116,7 +116,8 @@ class GossipSettings(Settings):
 class DRDSGDSettings(GossipSettings):
     """DR-DSGD: DSGD's settings and the tilted step's μ and cap."""
 
-    mu: float = setting(6.0, "μ, the KL regulariser of the DRO problem (smaller: more robust)", gt=0)
+    mu: float = setting(6.0, "μ, the KL regulariser of the DRO problem (smaller: more robust)", gt=0,
+                        knob=Knob(1.0, 20.0, "log"))
     tilt_log_cap: float = setting(DEFAULT_LOG_CAP, "c: the clients cap the step multiplier h/μ at e^c (50: an "
                                                    "overflow guard that does not bind in the paper's regimes)",
                                   ge=MIN_LOG_CAP, le=MAX_LOG_CAP)

@@ -90,7 +90,7 @@ from flowerdro.core.drfa import (
 )
 from flowerdro.core.simplex import admit_partitions, floor_simplex, lambda_entropy
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -108,7 +108,8 @@ class DRFASettings(Settings):
     clients_per_round: int | None = setting(None, "m, clients drawn per round (unset: fraction-train·N, at "
                                                   "least min-train-nodes)", ge=1)
     dual_lr: float | None = setting(None, "γ, the dual step size (unset: 0.16·min(m, N)/N², the same "
-                                          "relative λ step at every N and m)", gt=0)
+                                          "relative λ step at every N and m)", gt=0,
+                                    knob=Knob(1e-4, 1.0, "log"))
     sample_with_replacement: bool = setting(True, "draw D(s) with replacement (the paper); without, the "
                                                   "average uses Des Raj's unbiased weights")
     client_sampling: str = setting("lambda", "D(s) drawn by λ and averaged (lambda), or drawn uniformly with "
@@ -116,7 +117,8 @@ class DRFASettings(Settings):
     snapshot: str = setting("shared", "one snapshot step t′ for all sampled clients, or one each",
                             choices=("shared", "per-client"))
     dual_lr_decay: float = setting(1.0, "γ ← γ·decay after every λ step", gt=0, le=1)
-    lambda_floor: float = setting(0.0, "λ_min ≤ 1/N: every λ_i is kept ≥ λ_min (0: off)", ge=0, le=1)
+    lambda_floor: float = setting(0.0, "λ_min ≤ 1/N: every λ_i is kept ≥ λ_min (0: off)", ge=0, le=1,
+                                  knob=Knob(1e-4, 1e-2, "log"))  # λ_min ≤ 1/N: fits N ≤ 100 clients
     dual_step_scale: str = setting("paper", "the λ step with Algorithm 1's factor τN/m′ (paper) or without it "
                                             "(public; the default dual-lr is the paper step's)",
                                    choices=DUAL_STEP_SCALES)
@@ -154,7 +156,7 @@ class DRFAProxSettings(DRFASettings):
 
     regularizer: str = setting("kl", "g(λ) = −ρ·KL(λ‖uniform), −ρ·χ²(λ) or −(ρ/2)‖λ − uniform‖²",
                                choices=REGULARIZERS)
-    rho: float = setting(0.1, "ρ, the strength of the regulariser", ge=0)
+    rho: float = setting(0.1, "ρ, the strength of the regulariser", ge=0, knob=Knob(1e-3, 10.0, "log"))
 
 
 @dataclass

@@ -115,7 +115,7 @@ from flwr.serverapp import Grid
 from flowerdro.core.mgda import fedmgda_lr
 from flowerdro.core.mgda_step import GRAM_PRECISIONS, StreamingServerStep
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -136,7 +136,8 @@ class FedMGDASettings(Settings):
     """FedMGDA+ and its family (Hu et al. 2022); the variants fix some fields (registry)."""
 
     eps: float | None = setting(0.1, "ε, radius of the box ‖λ − λ₀‖∞ ≤ ε around the FedAvg weights "
-                                     "(0: FedAvg-n, 1: MGDA; fedmgda: no box)", ge=0, le=1)
+                                     "(0: FedAvg-n, 1: MGDA; fedmgda: no box)", ge=0, le=1,
+                                knob=Knob(0.01, 1.0, "log"))
     global_lr: float = setting(1.0, "η₀, the server's step size", gt=0)
     lr_decay: float = setting(1.0, "total decay of η_t over the run: η_t = η₀β^⌊t/P⌋, β = decay^(P/T) "
                                    "(1: constant)", gt=0, le=1)
@@ -144,7 +145,7 @@ class FedMGDASettings(Settings):
     lambda_init: str = setting("uniform", "λ₀, the centre of the box: uniform or proportional to the "
                                           "participants' data sizes", choices=LAMBDA_INITS)
     proximal_mu: float = setting(0.1, "μ of the proximal term (μ/2)‖w − w_t‖² the clients add (mgda-prox "
-                                      "only; 0 for the others)", ge=0)
+                                      "only; 0 for the others)", ge=0, knob=Knob(1e-3, 1.0, "log"))
     track_improvement: bool = setting(False, "query the participants' full training loss at w_{t+1} and log "
                                              "the fraction that did not increase")
     improvement_before: str = setting("train-loss", "where f_i(w_t) comes from: the train reply's train_loss "

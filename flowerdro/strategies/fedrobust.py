@@ -54,7 +54,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_norms
 from flowerdro.protocol import NUM_EXAMPLES
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.baselines import UNIFORM_WEIGHT, FedAvgSettings, _MeanOfModels
 from flowerdro.strategies.messaging import Failure, metrics_of
@@ -75,8 +75,11 @@ AFFINE_RECORD, AFFINE_ROUNDS = "affine", "affine-rounds"
 class FedRobustSettings(Settings):
     """FedRobust (Reisizadeh et al. 2020, Algorithm 1); τ, η₁ and the batch size are the clients'."""
 
-    adv_lr: float = setting(0.01, "η₂, the ascent rate on each client's affine shift (Λ_i, δ_i)", gt=0)
-    affine_lambda: float = setting(1.0, "λ, the penalty λ‖Λ_i − I‖_F² + λ‖δ_i‖₂² on the shift (λη₂ < 1)", ge=0)
+    # knob ranges: every corner keeps λη₂ < 1 (at most 1.6 · 0.6 = 0.96)
+    adv_lr: float = setting(0.01, "η₂, the ascent rate on each client's affine shift (Λ_i, δ_i)", gt=0,
+                            knob=Knob(1e-3, 0.6, "log"))
+    affine_lambda: float = setting(1.0, "λ, the penalty λ‖Λ_i − I‖_F² + λ‖δ_i‖₂² on the shift (λη₂ < 1)", ge=0,
+                                   knob=Knob(0.1, 1.6, "log"))
     affine_max_dim: int = setting(DEFAULT_MAX_DIM, "largest flattened input dimension d a client accepts "
                                                    "(Λ_i is d×d)", ge=1)
 
@@ -208,7 +211,7 @@ class FedRobust(FairStrategy):
 class FGMSettings(FedAvgSettings):
     """Distributed FGM adversarial training: one ℓ₂ step of size ε per minibatch."""
 
-    adv_eps: float = setting(1.0, "ε, the ℓ₂ radius of the per-sample attack", ge=0)
+    adv_eps: float = setting(1.0, "ε, the ℓ₂ radius of the per-sample attack", ge=0, knob=Knob(0.1, 3.0, "log"))
 
 
 @dataclass(frozen=True)

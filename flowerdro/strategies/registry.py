@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.settings import read_settings
+from flowerdro.settings import Knob, knobs, read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.codec import register_state
@@ -85,6 +85,19 @@ register_state(DRFAState, GossipState, SCAFFOLDState, SCAFFPDState)
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
     return tuple(sorted(ALGORITHMS))
+
+
+def strength_knobs(name: str) -> dict[str, Knob]:
+    """The strength knobs of strategy ``name``: run-config key → :class:`~flowerdro.settings.Knob`.
+
+    The knobs its settings class declares, less the fields the registry entry fixes (AFL
+    keeps DRFA's γ; FedAvg-n, FedMGDA+ with ε = 0, has no ε). Strategies without a knob
+    (FedAvg, SCAFFOLD, DSGD) give ``{}``.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
+    alg = ALGORITHMS[name]
+    return knobs(alg.strategy.settings_class, exclude=alg.fixed)
 
 
 def loop_settings(run_config: Mapping[str, Any], **fixed: Any) -> LoopSettings:

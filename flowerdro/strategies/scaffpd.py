@@ -71,7 +71,7 @@ from flwr.serverapp import Grid
 from flowerdro.core import scaffpd as core
 from flowerdro.core.simplex import admit_partitions
 from flowerdro.protocol import PARTITION_ID
-from flowerdro.settings import Settings, setting
+from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
@@ -91,12 +91,12 @@ class SCAFFPDSettings(Settings):
 
     objective: str = setting("chi2", "ψ and Λ: χ² penalty (ρ/2N)Σ(Nλ_i−1)², AFL (ψ = 0) or CVaR "
                                      "(λ_i ≤ 1/(αN))", choices=core.OBJECTIVES)
-    rho: float = setting(0.1, "ρ of the χ² penalty", ge=0)
+    rho: float = setting(0.1, "ρ of the χ² penalty", ge=0, knob=Knob(1e-3, 10.0, "log"))
     alpha: float = setting(0.5, "α of CVaR, λ_i ≤ 1/(αN)", key="cvar-alpha", gt=0, le=1)
     step_rule: str = setting("5.2", "step sizes: constant (Cond. 5.2) or τ_r ↓, σ_r ↑ (Cond. 5.1)",
                              choices=STEP_RULES)
     primal_lr: float | None = setting(None, "τ_0, the server's primal step (unset: lr · local-steps)", gt=0)
-    dual_lr: float = setting(0.1, "σ_0, the dual step", gt=0)
+    dual_lr: float = setting(0.1, "σ_0, the dual step", gt=0, knob=Knob(1e-3, 1.0, "log"))
     gamma: float | None = setting(None, "γ_0 of rule 5.1, σ_r = γ_r τ_r (unset: dual-lr / primal-lr)", gt=0)
     theta: float | None = setting(None, "θ of rule 5.2, s^r = (1+θ)L^r − θL^{r−1} (unset: "
                                         "max(1/(1+μ_xτ), 1/(1+μ_yσ)) when μ_x, μ_y > 0, else 1)", ge=0)
