@@ -23,6 +23,7 @@ sleeping through it.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ class InProcessGrid(LocalGrid):
         self._queued: dict[str, Message] = {}  # pushed, not yet pulled (message id -> message)
         self._pushed_at: dict[str, float] = {}  # message id -> clock() when pushed
         self._run: Any = None
+        self._lock = threading.RLock()
         ensure_task_identity()
 
     # -- nodes that die and restart (tests of a SuperNode restart) -----------------------
@@ -278,7 +280,15 @@ class InProcessGrid(LocalGrid):
         return mid
 
     def _deliver(self, msg: Message) -> tuple[Message | None, float]:
-        """Run the ClientApp on ``msg`` with the node's Context and faults: (reply or None, seconds)."""
+        """Run the ClientApp on ``msg`` with the node's Context and faults: (reply or None, seconds).
+
+        One call at a time: Flower's legacy ``Server`` asks its clients from a thread pool,
+        and the nodes of this grid share one process (imports, torch's global state).
+        """
+        with self._lock:
+            return self._deliver_now(msg)
+
+    def _deliver_now(self, msg: Message) -> tuple[Message | None, float]:
         nid = int(msg.metadata.dst_node_id)
         fault = self.faults.get(self.partition_of_node[nid])
         fault = fault if fault is not None and fault.applies(msg) else None
