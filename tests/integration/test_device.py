@@ -184,7 +184,8 @@ def second_device(request, monkeypatch) -> tuple[str, torch.dtype]:
         return "cuda", torch.float32  # device "auto": the loops on CUDA, the project's code on the CPU
     monkeypatch.setattr(kit_module, "_loop_placement",
                         lambda device, dtype: kit_module.Placement(device, torch.float64))
-    return "cpu", torch.float64
+    # device "auto": the loops on CUDA where the machine has it, in float64 either way
+    return ("cuda" if torch.cuda.is_available() else "cpu"), torch.float64
 
 
 @pytest.mark.parametrize("name", strategy_names())

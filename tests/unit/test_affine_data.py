@@ -43,6 +43,8 @@ def test_zero_scales_leave_the_data_alone_and_negative_scales_are_errors():
 
 
 def test_only_delta_shift_on_image_shaped_mnist(data_dir):
+    if not (data_dir / "mnist").is_dir():
+        pytest.skip(f"MNIST is not in {data_dir} (only the data sets copied there are)")
     rc = {"dataset": "mnist", "partition": "iid", "num-partitions": 2, "samples-per-client": 50,
           "data-dir": str(data_dir)}
     plain = load_federated(DataConfig.from_run_config(rc))
