@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import wrightomega
 
+from flowerdro.core.layers import cast_layer
 from flowerdro.core.simplex import (
     _as_vector,
     _local_steps,
@@ -197,6 +198,10 @@ def combine_models(
 ) -> list[np.ndarray]:
     r"""w̄ + Σ_i a_i (w_i − w̄), layer by layer (float64 accumulation, input dtypes kept).
 
+    With Σ_i a_i = 1 (:func:`aggregation_weights`) this is Σ_i a_i w_i, the a-weighted
+    mean of the models, buffers included (:mod:`flowerdro.core.layers`); integer layers
+    are rounded to the nearest integer (:func:`~flowerdro.core.layers.cast_layer`).
+
     Parameters
     ----------
     base : sequence of numpy.ndarray
@@ -211,13 +216,13 @@ def combine_models(
     list of numpy.ndarray
         The combined layers, each with the dtype of its ``base`` layer.
     """
-    out = []
+    out: list[np.ndarray] = []
     for j, b in enumerate(base):
         b64 = np.asarray(b, dtype=np.float64)
         acc = b64.copy()
         for i, a in coefs.items():
             acc += a * (np.asarray(models[i][j], dtype=np.float64) - b64)
-        out.append(acc.astype(np.asarray(b).dtype, copy=False))
+        out.append(cast_layer(acc, np.asarray(b).dtype))
     return out
 
 

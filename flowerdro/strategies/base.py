@@ -28,11 +28,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.protocol import NUM_EXAMPLES, TrainingSettings
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays  # noqa: F401
+from flowerdro.strategies.arrays import array_view, arrays_to_numpy, average_arrays, numpy_to_arrays  # noqa: F401
 from flowerdro.strategies.checkpoint import ServerState
 from flowerdro.strategies.messaging import (
     Communicator,
@@ -230,11 +229,11 @@ class FairStrategy(ServerState, Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Default: average the models weighted by ``num-examples`` (FedAvg)."""
+        """Default: average the models weighted by ``num-examples`` (FedAvg; buffers keep their dtype)."""
         contents = [m.content for m in replies]
         if not contents:
             return None, None
-        return (aggregate_arrayrecords(contents, NUM_EXAMPLES),
+        return (average_arrays(contents, NUM_EXAMPLES),
                 mean_of_metric_records([metrics_of(m) for m in replies]))
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

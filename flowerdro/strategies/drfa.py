@@ -88,6 +88,7 @@ from flowerdro.core.drfa import (
     sample_snapshot_steps,
     sample_uniform,
 )
+from flowerdro.core.layers import cast_layer
 from flowerdro.core.simplex import admit_partitions, floor_simplex, lambda_entropy
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.settings import Settings, setting
@@ -436,7 +437,7 @@ class DRFA(FairStrategy):
             return like
         dtypes = [a.dtype for a in arrays_to_numpy(like)]
         return numpy_to_arrays(list(like.keys()),
-                               [a.astype(d) for a, d in zip(self.state.average, dtypes, strict=True)])
+                               [cast_layer(a, d) for a, d in zip(self.state.average, dtypes, strict=True)])
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """w̄(s), or ŵ with ``evaluate-model = "average"``."""

@@ -50,11 +50,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_norms
 from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Settings, setting
+from flowerdro.strategies.arrays import average_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import Failure, metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
@@ -127,7 +127,7 @@ class FedRobust(FairStrategy):
             return arrays, None
         # the base's FedAvg over the models only (not the shifts)
         models = [RecordDict({"arrays": r.content["arrays"], "metrics": metrics_of(r)}) for r in replies]
-        return aggregate_arrayrecords(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
+        return average_arrays(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
 
     def shift_summary(self) -> dict[str, dict[str, float]]:
         """Partition id → ‖Λ_i − I‖_F, ‖δ_i‖₂ and the rounds of its stored shift."""
