@@ -89,6 +89,45 @@ def test_legacy_two_exchange_algorithms_give_the_lambda_sequence_of_the_message_
     assert [r["acc_worst"] for r in legacy.history] == [r["acc_worst"] for r in message.history]
 
 
+def _with_batchnorm(monkeypatch, project: str, package: str) -> None:
+    """Give the example's own ``Net`` a BatchNorm layer (float running statistics, an int64 counter)."""
+    import torch
+    from torch import nn
+
+    _, client, _ = _project(project, package)
+    task = importlib.import_module(f"{package}.task")
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.fc1, self.bn = nn.Linear(task.NUM_FEATURES, 32), nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, task.NUM_CLASSES)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+    monkeypatch.setattr(task.Net, "__init__", __init__)
+    monkeypatch.setattr(task.Net, "forward", forward)
+    if hasattr(client.app, "_kits"):  # the legacy app keeps one kit (holding the client's net) per node
+        monkeypatch.setattr(client.app, "_kits", {})
+
+
+@pytest.mark.parametrize("api", ["message-api", "legacy-api"])
+def test_qfedavg_runs_a_batchnorm_model_through_both_examples(monkeypatch, api):
+    import numpy as np
+    from flwr.common import parameters_to_ndarrays
+
+    _with_batchnorm(monkeypatch, api, "msgexample" if api == "message-api" else "legacyexample")
+    if api == "message-api":
+        strategy = _run_message_api("qfedavg")
+    else:
+        legacy = _run_legacy("qfedavg")
+        strategy = legacy.strategy
+        counter = parameters_to_ndarrays(legacy.final_parameters)[6]  # bn.num_batches_tracked
+        assert counter.dtype == np.int64 and counter > 0
+    assert len(strategy.history) == 2
+    assert not any(r["failures"] for r in strategy.history), strategy.history[-1]["failures"]
+
+
 def test_an_unchanged_numpyclient_still_serves_flowers_own_legacy_strategy():
     from types import SimpleNamespace
 
