@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -81,14 +81,19 @@ class LegacyStrategy(Strategy):
         in ``state_dict`` order. Unset: a client's model (``query.init``).
     timeout : float
         Seconds to wait for the replies of one exchange.
+    own_keys : iterable of str
+        The project's own run-config keys that look like a flowerdro key (see
+        :func:`~flowerdro.strategies.build_strategy`, which refuses such keys otherwise).
     """
 
     def __init__(self, strategy: Any, run_config: Mapping[str, Any] | None = None, *, num_rounds: int,
-                 initial_parameters: Parameters | None = None, timeout: float = 3600.0) -> None:
+                 initial_parameters: Parameters | None = None, timeout: float = 3600.0,
+                 own_keys: Iterable[str] = ()) -> None:
         from flowerdro.strategies import build_strategy
 
         self.run_config = dict(run_config or {})
-        self.strategy = build_strategy(strategy, self.run_config) if isinstance(strategy, str) else strategy
+        self.strategy = (build_strategy(strategy, self.run_config, own_keys=own_keys) if isinstance(strategy, str)
+                         else strategy)
         if num_rounds < 1:
             raise ValueError(f"num_rounds: must be >= 1, got {num_rounds}")
         self.num_rounds, self.timeout = int(num_rounds), float(timeout)

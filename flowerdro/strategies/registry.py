@@ -11,12 +11,15 @@ declared, before any message is sent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from logging import INFO
 from typing import Any
 
+from flwr.common import log
+
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.settings import read_settings
+from flowerdro.settings import check_near_misses, read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
@@ -74,6 +77,15 @@ ALGORITHMS: dict[str, Algorithm] = {
     "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
 
+#: Keys that Flower's legacy FedAvg examples read, and flowerdro's key for the same setting
+#: (named in the log when a project's run config holds them: flowerdro does not read them).
+FLOWER_NAMES: dict[str, str] = {
+    "fraction-fit": "fraction-train",
+    "min-fit-clients": "min-train-nodes",
+    "min-available-clients": "min-available-nodes",
+}
+
+
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
     return tuple(sorted(ALGORITHMS))
@@ -91,6 +103,7 @@ def build_strategy(
     name: str,
     run_config: Mapping[str, Any],
     *,
+    own_keys: Iterable[str] = (),
     output_dir: str | None = None,
     run_name: str | None = None,
     resume: bool = False,
@@ -98,11 +111,41 @@ def build_strategy(
 ) -> FairStrategy:
     """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message).
 
-    With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the run's
-    files there (``resume`` / ``overwrite``: what to do with a folder that holds a run).
+    ``run_config`` may hold the project's own keys besides flowerdro's (a Flower project
+    passes its ``context.run_config``): they are not read. A key that is not a flowerdro
+    key but looks like a misspelt one (``dual_lr``, ``lcoal-steps``, ``num-round``:
+    :func:`~flowerdro.settings.near_miss`) is refused, naming the key it looks like;
+    ``own_keys`` lists the project's own keys that look like a flowerdro key and must
+    pass. With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the
+    run's files there (``resume`` / ``overwrite``: what to do with a folder that holds a run).
+
+    Parameters
+    ----------
+    name : str
+        A registered strategy (:func:`strategy_names`).
+    run_config : Mapping
+        The run config (kebab-case keys, e.g. ``dual-lr``).
+    own_keys : iterable of str
+        The project's own keys that are near a flowerdro key (passed, not read).
+    output_dir, run_name, resume, overwrite
+        Where the run's files go, its folder's name, and what to do with a folder that
+        holds a run.
+
+    Returns
+    -------
+    FairStrategy
+        The strategy, every setting validated.
     """
     if name not in ALGORITHMS:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
+    from flowerdro.runs.config import known_keys  # runs.config reads the registry
+
+    known = known_keys()
+    check_near_misses(run_config, known, own=own_keys, where="run config")
+    if own := sorted(k for k in run_config if k not in known):
+        hints = [f"{k} → {FLOWER_NAMES[k]}" for k in own if k in FLOWER_NAMES]
+        log(INFO, "[%s] run-config keys flowerdro does not read (your project's own): %s%s", name,
+            ", ".join(own), f" (flowerdro's names: {', '.join(hints)})" if hints else "")
     node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
     alg = ALGORITHMS[name]
     groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]
