@@ -27,8 +27,8 @@ message types go to a :class:`~flowerdro.clients.kit.ClientKit` built from the
 NumPyClient's pieces: its model (attribute ``net``), its loaders (``trainloader``,
 ``valloader``), its ``fit`` as the training function of the algorithms that allow any
 local loop and its ``evaluate`` as the test function. Per-client state (SCAFFOLD's c_i,
-FedRobust's (Λ_i, δ_i)) lives in the node's ``Context.state``, where Flower keeps a
-legacy client's state too.
+FedRobust's (Λ_i, δ_i)) is kept by the server per partition and sent with each message,
+as on the Message API.
 """
 
 from __future__ import annotations
