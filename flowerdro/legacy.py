@@ -106,6 +106,9 @@ class LegacyStrategy(Strategy):
 
     # ------------------------------------------------------------------ the grid behind the proxies
     def _grid(self, client_manager: ClientManager) -> Any:
+        # Flower's legacy loop registers the grid's nodes when num_available/all/sample is
+        # called, and otherwise every 5 s: ask first, so that wait_for does not sit out the 5 s
+        client_manager.num_available()
         client_manager.wait_for(1, timeout=int(self.timeout))
         for proxy in client_manager.all().values():
             grid = getattr(proxy, "grid", None)
