@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,14 +102,19 @@ class LegacyStrategy(Strategy):
         in ``state_dict`` order. Unset: a client's model (``query.init``).
     timeout : float
         Seconds to wait for the replies of one of the algorithm's own exchanges.
+    own_keys : iterable of str
+        The project's own run-config keys that look like a flowerdro key (see
+        :func:`~flowerdro.strategies.build_strategy`, which refuses such keys otherwise).
     """
 
     def __init__(self, strategy: Any, run_config: Mapping[str, Any] | None = None, *, num_rounds: int,
-                 initial_parameters: Parameters | None = None, timeout: float = 3600.0) -> None:
+                 initial_parameters: Parameters | None = None, timeout: float = 3600.0,
+                 own_keys: Iterable[str] = ()) -> None:
         from flowerdro.strategies import build_strategy
 
         self.run_config = dict(run_config or {})
-        self.strategy = build_strategy(strategy, self.run_config) if isinstance(strategy, str) else strategy
+        self.strategy = (build_strategy(strategy, self.run_config, own_keys=own_keys) if isinstance(strategy, str)
+                         else strategy)
         if num_rounds < 1:
             raise ValueError(f"num_rounds: must be >= 1, got {num_rounds}")
         self.num_rounds, self.timeout = int(num_rounds), float(timeout)
@@ -124,10 +129,10 @@ class LegacyStrategy(Strategy):
 
     # ------------------------------------------------------------------ the grid behind the proxies
     def _grid(self, client_manager: ClientManager) -> Any:
-        # all() first: Flower's legacy ServerApp registers the nodes when it is called (its own
-        # polling thread would register them only after 5 s)
-        if not client_manager.all():
-            client_manager.wait_for(1, timeout=int(self.timeout))
+        # Flower's legacy loop registers the grid's nodes when num_available/all/sample is
+        # called, and otherwise every 5 s: ask first, so that wait_for does not sit out the 5 s
+        client_manager.num_available()
+        client_manager.wait_for(1, timeout=int(self.timeout))
         for proxy in client_manager.all().values():
             grid = getattr(proxy, "grid", None)
             if grid is not None:

@@ -18,7 +18,9 @@ the error names the run-config key and what is allowed::
 :func:`read_settings` turns run-config values (typed, or strings as ``--run-config``
 and TOML files may give them) into field values; ``""`` means "unset" (the default).
 :func:`check_known_keys` refuses a run config holding a key that no settings class
-knows, naming the closest known key. :func:`describe` lists a class's keys, types,
+knows, naming the closest known key; :func:`check_near_misses` refuses only the keys that
+look like a misspelt known key (a user's run config also holds the project's own keys).
+:func:`describe` lists a class's keys, types,
 defaults and meanings for the documentation and for the checks that keep
 ``pyproject.toml`` and the docs in line with the code.
 
@@ -44,9 +46,11 @@ __all__ = [
     "Settings",
     "SettingInfo",
     "check_known_keys",
+    "check_near_misses",
     "describe",
     "knobs",
     "known_keys",
+    "near_miss",
     "read_settings",
     "setting",
 ]
@@ -239,6 +243,106 @@ def knobs(cls: type[Settings], *, exclude: Iterable[str] = ()) -> dict[str, Knob
             raise TypeError(f"{cls.__name__}.{f.name}: a strength knob must be a float setting, got {_type_name(tp)}")
         out[_key(f)] = f.metadata["knob"]
     return out
+
+
+def near_miss(key: str, known: Iterable[str]) -> str | None:
+    """The known key that ``key`` looks like a misspelling of, or None.
+
+    ``key`` is compared with each known key after lower-casing and writing ``_`` as ``-``
+    (``dual_lr``, ``Dual-LR`` → ``dual-lr``), by the optimal-string-alignment edit
+    distance d (insertions, deletions, substitutions and swaps of two neighbouring
+    characters count 1 each). With m the length of the shorter of the two, ``key`` is a
+    near miss when d ≤ 0 for m ≤ 4, d ≤ 1 for m ≤ 11 and d ≤ 2 for longer keys: one
+    slip in a word (``dual-lrr``, ``lcoal-steps``, ``num-round``), two in a long one,
+    while short words a project may well use (``mode``, ``seeds``) and keys that differ
+    in a whole word (``strategy`` vs ``strategies``, ``fraction-fit`` vs
+    ``fraction-train``, ``num-server-rounds`` vs ``num-rounds``) stay apart. A known key
+    itself is no near miss.
+
+    Parameters
+    ----------
+    key : str
+        A run-config key.
+    known : iterable of str
+        The known keys (kebab-case).
+
+    Returns
+    -------
+    str or None
+        The closest known key within the allowed distance (ties: the first in sorted
+        order), or None.
+
+    Examples
+    --------
+    >>> near_miss("lcoal-steps", ["local-steps", "lr"]), near_miss("strategy", ["strategies"])
+    ('local-steps', None)
+    """
+    known = sorted(set(known))
+    if key in known:
+        return None
+    norm = key.strip().lower().replace("_", "-")
+    best: tuple[int, str] | None = None
+    for k in known:
+        shorter = min(len(norm), len(k))
+        allowed = 0 if shorter <= 4 else 1 if shorter <= 11 else 2
+        if abs(len(norm) - len(k)) > allowed:
+            continue
+        d = _osa_distance(norm, k)
+        if d <= allowed and (best is None or d < best[0]):
+            best = (d, k)
+    return None if best is None else best[1]
+
+
+def check_near_misses(config: Mapping[str, Any], known: Iterable[str], *, own: Iterable[str] = (),
+                      where: str = "run config") -> None:
+    """Refuse keys of ``config`` that look like a misspelt known key (:func:`near_miss`).
+
+    Keys that are known, or far from every known key (the project's own keys), pass;
+    ``own`` lists keys that pass even though they are near one (the project's own keys
+    that happen to look like a flowerdro key).
+
+    Raises
+    ------
+    ValueError
+        Naming each near miss, the key it looks like, and the escape (``own_keys``); or
+        when ``own`` names a known key (flowerdro reads it, so it cannot be the project's own).
+    """
+    known = set(known)
+    own = set(own)
+    if taken := sorted(own & known):
+        raise ValueError(f"own_keys: {', '.join(map(repr, taken))} {'are' if len(taken) > 1 else 'is a'} "
+                         f"flowerdro key{'s' if len(taken) > 1 else ''}; flowerdro reads "
+                         f"{'them' if len(taken) > 1 else 'it'} from the run config, so "
+                         f"{'they' if len(taken) > 1 else 'it'} cannot be your project's own")
+    misses = [(k, near) for k in sorted(map(str, config)) if k not in own and (near := near_miss(k, known))]
+    if not misses:
+        return
+    names = ", ".join(f"'{k}' (did you mean '{near}'?)" for k, near in misses)
+    mine = ", ".join(repr(k) for k, _ in misses)
+    raise ValueError(f"{where}: {names}: not a flowerdro key but close to one, so flowerdro would not read it "
+                     f"(the key it looks like keeps its own value or default). Fix the spelling, or, if "
+                     f"{'these are' if len(misses) > 1 else 'it is'} your project's own, pass "
+                     f"own_keys=({mine},) to build_strategy / LegacyStrategy")
+
+
+def _osa_distance(a: str, b: str) -> int:
+    """Optimal-string-alignment distance: edits, and swaps of neighbours, that turn ``a`` into ``b``.
+
+    A dynamic programme over two rows plus the one before (Wagner-Fischer with the
+    transposition case); run-config keys are short, and the standard library's difflib
+    has ratios, not edit distances.
+    """
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
 
 
 def describe(cls: type[Settings]) -> list[SettingInfo]:

@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import wrightomega
 
+from flowerdro.core.layers import cast_layer
 from flowerdro.core.simplex import (
     _as_vector,
     _local_steps,
@@ -42,9 +43,10 @@ from flowerdro.core.simplex import (
 
 __all__ = [
     "DESIGNS",
+    "DUAL_STEP_LOSS_BOUND",
     "DUAL_STEP_SCALES",
+    "MAX_DUAL_MOVE",
     "REGULARIZERS",
-    "RELATIVE_DUAL_STEP",
     "aggregation_weights",
     "combine_models",
     "default_dual_lr",
@@ -63,8 +65,10 @@ REGULARIZERS: tuple[str, ...] = ("kl", "chi2", "l2")
 DUAL_STEP_SCALES: tuple[str, ...] = ("paper", "public")
 #: How D(s) was drawn, which decides the unbiased aggregation weights.
 DESIGNS: tuple[str, ...] = ("lambda", "lambda-successive", "uniform", "full")
-#: κ of :func:`default_dual_lr`: γ = κ min(m, N) / N².
-RELATIVE_DUAL_STEP = 0.16
+#: κ of :func:`default_dual_lr`: no λ step moves an entry of λ by κ or more (losses below F).
+MAX_DUAL_MOVE = 0.5
+#: F of :func:`default_dual_lr`: the losses the default γ is meant for lie in [0, F).
+DUAL_STEP_LOSS_BOUND = 10.0
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -197,6 +201,10 @@ def combine_models(
 ) -> list[np.ndarray]:
     r"""w̄ + Σ_i a_i (w_i − w̄), layer by layer (float64 accumulation, input dtypes kept).
 
+    With Σ_i a_i = 1 (:func:`aggregation_weights`) this is Σ_i a_i w_i, the a-weighted
+    mean of the models, buffers included (:mod:`flowerdro.core.layers`); integer layers
+    are rounded to the nearest integer (:func:`~flowerdro.core.layers.cast_layer`).
+
     Parameters
     ----------
     base : sequence of numpy.ndarray
@@ -211,13 +219,13 @@ def combine_models(
     list of numpy.ndarray
         The combined layers, each with the dtype of its ``base`` layer.
     """
-    out = []
+    out: list[np.ndarray] = []
     for j, b in enumerate(base):
         b64 = np.asarray(b, dtype=np.float64)
         acc = b64.copy()
         for i, a in coefs.items():
             acc += a * (np.asarray(models[i][j], dtype=np.float64) - b64)
-        out.append(acc.astype(np.asarray(b).dtype, copy=False))
+        out.append(cast_layer(acc, np.asarray(b).dtype))
     return out
 
 
@@ -482,25 +490,44 @@ def dual_step(
     return floor_simplex(new, floor) if floor > 0.0 else new
 
 
-def default_dual_lr(num_clients: int, num_draws: int) -> float:
-    r"""γ when none is given: γ = κ min(m, N) / N² with κ = :data:`RELATIVE_DUAL_STEP` = 0.16.
+def default_dual_lr(num_clients: int, num_draws: int, *, tau: int, scale: str = "paper") -> float:
+    r"""γ when none is given: γ = κ/(τ N F) (``scale="paper"``) or κ/(m F) (``"public"``).
 
-    λ's entries are of size 1/N, and v is sparse: each draw of client i into U adds
-    (N/m) f_i to v_i, so the ascent moves λ_i by τγ(N/m) f_i per draw, i.e. by
-    τγ (N²/m) f_i in units of the uniform weight 1/N; on average (E[v] = f) it moves λ_i
-    by τγ N f_i in those units. A fixed γ makes the first of these grow with N²/m: with
-    τ = 10, the γ that moves a drawn client by 160 % of its weight per unit of loss at
-    N = 10, m = 5 moves it by 160,000 % at N = 1000, m = 50, and the projection leaves λ
-    on one or a few clients after one round. With γ = κ min(m, N)/N² the larger of the two
-    relative moves is κτ f_i whatever N and m (per draw when m ≤ N, on average when
-    m > N); κ = 0.16 gives γ = 8e-3 at N = 10, m = 5.
+    κ = :data:`MAX_DUAL_MOVE` = 1/2 bounds how far one λ step can move λ, and
+    F = :data:`DUAL_STEP_LOSS_BOUND` = 10 is the loss scale it is meant for: the losses
+    f_i a client reports are assumed to lie in [0, F) (cross-entropy is ln C at a uniform
+    prediction, 2.3 for 10 classes, and well below F once training starts).
+
+    **The bound.** One step is λ⁺ = Π_Δ(λ + d) with d = τγv ≥ 0 (:func:`dual_step`). The
+    projection subtracts one θ ∈ [0, max_j d_j] from every entry and clips at 0, so
+    |λ⁺_i − λ_i| ≤ D := max_j d_j for every i. In the paper's step
+    v_i = (N/m′) c_i f_i, where client i was drawn c_i ≤ m′ times among the m′ answered
+    queries, so D ≤ τγ N max_i f_i < τγNF, whatever m′ (the worst case: every query draws
+    the same client). γ = κ/(τNF) makes D < κ = 1/2 for every N, m and τ. The public step
+    (λ + γ u, u_i = c_i f_i) has D ≤ γ m′ F ≤ γ m F, hence γ = κ/(mF) there. So no entry of
+    λ moves by half of the simplex or more in a round, and λ⁺ is never a vertex when every
+    λ_i ≤ 1/2 before the step (λ⁺_j = 1 would need λ_j > 1/2; λ(0) uniform qualifies for
+    N ≥ 2). The prox steps of DRFA-Prox shrink the differences between entries before
+    projecting (l2, χ²) or stay interior (KL), and the floor only raises small entries, so
+    the same holds for them.
+
+    **It still moves.** On average (E[v] = f) the step moves λ_i by τγ(f_i − f̄) =
+    κ(f_i − f̄)/(NF) per round (until an entry reaches 0), i.e. by κ(f_i − f̄)/F = 5 % of
+    the uniform weight 1/N per unit of loss above the mean, at every N, m and τ: over 40
+    rounds a client whose loss is one unit above the mean reaches about three times the
+    uniform weight. The typical single draw moves λ_i by κ f_i/(F m′) in absolute terms,
+    far below the worst case.
 
     Parameters
     ----------
     num_clients : int
         N ≥ 1.
     num_draws : int
-        m ≥ 1, the clients drawn per round (N with full participation).
+        m ≥ 1, the clients drawn per round for the loss query (N with full participation).
+    tau : int
+        τ ≥ 1, the local steps (the paper's step multiplies γ by τ).
+    scale : {"paper", "public"}
+        The λ step :func:`dual_step` takes.
 
     Returns
     -------
@@ -509,9 +536,13 @@ def default_dual_lr(num_clients: int, num_draws: int) -> float:
 
     Examples
     --------
-    >>> round(default_dual_lr(10, 5), 12)
-    0.008
+    >>> default_dual_lr(20, 10, tau=10)
+    0.00025
     """
     if num_clients < 1 or num_draws < 1:
         raise ValueError(f"num_clients and num_draws must be >= 1, got {num_clients} and {num_draws}")
-    return RELATIVE_DUAL_STEP * min(num_draws, num_clients) / num_clients**2
+    if scale not in DUAL_STEP_SCALES:
+        raise ValueError(f"scale: unknown value {scale!r}; allowed: {', '.join(DUAL_STEP_SCALES)}")
+    if scale == "public":
+        return MAX_DUAL_MOVE / (num_draws * DUAL_STEP_LOSS_BOUND)
+    return MAX_DUAL_MOVE / (_local_steps(tau, "tau") * num_clients * DUAL_STEP_LOSS_BOUND)

@@ -1,4 +1,4 @@
-"""Model arrays on the server: Flower ``ArrayRecord`` ↔ numpy, checks, sizes, ``.npz`` files."""
+"""Model arrays on the server: Flower ``ArrayRecord`` ↔ numpy, checks, sizes, averages, ``.npz`` files."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import IO
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.buffers import array_view, to_array
+from flowerdro.core.layers import mean_buffers, update_mask
 
 
 def record_bytes(content: RecordDict) -> int:
@@ -30,6 +32,45 @@ def arrays_to_numpy(arrays: ArrayRecord) -> list[np.ndarray]:
 def numpy_to_arrays(keys: Sequence[str], values: Sequence[np.ndarray]) -> ArrayRecord:
     """An ArrayRecord with ``keys`` mapped to ``values`` (order kept)."""
     return ArrayRecord({k: to_array(v) for k, v in zip(keys, values, strict=True)})
+
+
+def record_weight(content: RecordDict, key: str) -> float:
+    """The weight ``key`` (``num-examples``) of a reply's first MetricRecord, as Flower's FedAvg reads it."""
+    metrics = next(iter(content.metric_records.values()))
+    return float(metrics[key])  # type: ignore[arg-type]
+
+
+def average_arrays(contents: Sequence[RecordDict], weight_key: str) -> ArrayRecord:
+    r"""FedAvg of the replies' models: Σ_i n_i w_i / Σ_i n_i, every array in its dtype.
+
+    The parameters are Flower's own ``aggregate_arrayrecords`` (n_i = the reply's
+    ``weight_key`` metric); the buffers (:func:`~flowerdro.core.layers.update_mask`:
+    running statistics, integer counters) take the same weighted mean in float64 and keep
+    their dtype, integers rounded (Flower's sum would turn an int64 counter into float64).
+
+    Parameters
+    ----------
+    contents : sequence of RecordDict
+        The replies' contents, each with one ArrayRecord and one MetricRecord.
+    weight_key : str
+        The metric that weights each reply (``num-examples``).
+
+    Returns
+    -------
+    ArrayRecord
+        The average, with the keys of the replies' ArrayRecord.
+    """
+    mean = aggregate_arrayrecords(list(contents), weight_key)
+    models = [next(iter(c.array_records.values())) for c in contents]
+    keys = list(models[0].keys())
+    first = [array_view(models[0][k]) for k in keys]
+    mask = update_mask(keys, first)
+    if all(mask):
+        return mean
+    layers = [array_view(mean[k]) if m else first[j] for j, (k, m) in enumerate(zip(keys, mask, strict=True))]
+    new = mean_buffers(layers, mask, {i: [array_view(r[k]) for k in keys] for i, r in enumerate(models)},
+                       {i: record_weight(c, weight_key) for i, c in enumerate(contents)})
+    return numpy_to_arrays(keys, new)
 
 
 def check_arrays(reference: ArrayRecord, candidate: ArrayRecord) -> str | None:

@@ -44,11 +44,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.protocol import CLIPPING_KEY, NUM_EXAMPLES, USER_TRAIN_FN, TrainingSettings
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays  # noqa: F401
+from flowerdro.strategies.arrays import array_view, arrays_to_numpy, average_arrays, numpy_to_arrays  # noqa: F401
 from flowerdro.strategies.checkpoint import ServerState
 from flowerdro.strategies.messaging import (
     Communicator,
@@ -437,12 +436,13 @@ class FairStrategy(ServerState, Strategy):
                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The server step on the round's valid training replies; default: FedAvg.
 
-        w ← Σ_i n_i w_i / Σ_i n_i over the replies (n_i = ``num-examples``); None when
-        no reply is valid (the model stays as it is).
+        w ← Σ_i n_i w_i / Σ_i n_i over the replies (n_i = ``num-examples``; buffers keep
+        their dtype, :func:`~flowerdro.strategies.arrays.average_arrays`); None when no
+        reply is valid (the model stays as it is).
         """
         if not replies:
             return None, None
-        return (aggregate_arrayrecords([r.content for r in replies], NUM_EXAMPLES),
+        return (average_arrays([r.content for r in replies], NUM_EXAMPLES),
                 mean_of_metric_records([metrics_of(r) for r in replies]))
 
     def exchange_train(self, grid: Grid, messages: list[Message]) -> list[Message]:

@@ -9,7 +9,10 @@ all of them. Two things are made tolerant before Flower aggregates: the replies'
 are cut to the keys every reply holds (Flower refuses replies whose metric keys differ,
 so one client with an extra metric would abort the round), and the new model keeps the
 dtypes of the model it replaces (q-FedAvg's arithmetic would otherwise turn a float32
-model into float64).
+model into float64). Buffers (BatchNorm's running statistics and counter) are averaged
+over the examples, as FedAvg does, apart from Flower's aggregation
+(:func:`aggregate_apart_from_buffers`): q-FedAvg's step acts on the parameters only, and an
+integer counter stays an integer.
 
 References: McMahan et al. 2017 (FedAvg), Li et al. 2020 (FedProx),
 Li, Sanjabi, Beirami, Smith 2020 (q-FedAvg, q-FFL).
@@ -26,15 +29,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
+from flowerdro.core.layers import mean_buffers, update_mask
 from flowerdro.deploy.grid import ForwardingGrid
 from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Knob, Settings, setting
-from flowerdro.strategies.arrays import array_view
+from flowerdro.strategies.arrays import array_view, numpy_to_arrays, record_weight
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.messaging import metrics_of
 
 __all__ = ["FedAvgBaseline", "FedAvgSettings", "FedProxBaseline", "FedProxSettings", "FlowerBaseline",
-           "QFedAvgBaseline", "QFedAvgSettings", "UNIFORM_WEIGHT"]
+           "QFedAvgBaseline", "QFedAvgSettings", "UNIFORM_WEIGHT", "aggregate_apart_from_buffers"]
 
 
 class _NodeSubsetGrid(ForwardingGrid):
@@ -103,10 +107,71 @@ class FlowerBaseline(FairStrategy):
                 if uniform:
                     kept[UNIFORM_WEIGHT] = 1.0
                 r.content.metric_records[name] = MetricRecord(kept)
-        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        arrays, metrics = aggregate_apart_from_buffers(self.inner, server_round, replies, self._global)
         if arrays is not None and self._global is not None:
             arrays = ArrayRecord({k: _as_dtype(arrays[k], self._global[k]) for k in arrays.keys()})
         return arrays, metrics
+
+
+def aggregate_apart_from_buffers(inner: Strategy, server_round: int, replies: list[Message],
+                                 reference: ArrayRecord | None) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    r"""Flower's ``aggregate_train`` on the parameters; the buffers averaged over the examples.
+
+    The buffers of the model (:func:`~flowerdro.core.layers.update_mask`: BatchNorm's
+    running statistics and integer counter, any non-floating array) are taken out of the
+    replies, and out of q-FedAvg's copy of the global model (``current_arrays``), while
+    ``inner`` aggregates: q-FedAvg's step w − Σ_k Δ_k / Σ_k h_k and its ‖w − w_k‖² in h_k
+    see the parameters only, and Flower's arithmetic is left as it is. Each buffer of the
+    new model is then FedAvg's Σ_k n_k b_k / Σ_k n_k (n_k = the reply's weighting metric,
+    ``num-examples``), in its own dtype, integers rounded. The replies are given back as
+    they came. A model without buffers goes to ``inner`` unchanged.
+
+    Parameters
+    ----------
+    inner : flwr.serverapp.strategy.Strategy
+        Flower's FedAvg, FedProx or QFedAvg (configured this round).
+    server_round : int
+        The round.
+    replies : list of Message
+        The valid train replies, each with one ArrayRecord and one MetricRecord.
+    reference : ArrayRecord or None
+        The model sent this round (its keys and dtypes tell the buffers).
+
+    Returns
+    -------
+    tuple
+        The new model (``None`` when ``inner`` found no valid reply) and the metrics.
+    """
+    keys = list(reference.keys()) if reference is not None else []
+    mask = update_mask(keys, [array_view(reference[k]) for k in keys]) if reference is not None else []
+    buffers = {k for k, update in zip(keys, mask, strict=True) if not update}
+    if not buffers or not replies:
+        return inner.aggregate_train(server_round, replies)
+
+    def parameters(rec: ArrayRecord) -> ArrayRecord:
+        return ArrayRecord({k: rec[k] for k in rec.keys() if k not in buffers})
+
+    models = [(r.content.array_records, next(iter(r.content.array_records))) for r in replies]
+    originals = [records[name] for records, name in models]
+    global_copy = getattr(inner, "current_arrays", None)  # q-FedAvg's w, compared with each w_k
+    try:
+        for (records, name), rec in zip(models, originals, strict=True):
+            records[name] = parameters(rec)
+        if isinstance(global_copy, ArrayRecord):
+            inner.current_arrays = parameters(global_copy)  # type: ignore[attr-defined]
+        arrays, metrics = inner.aggregate_train(server_round, replies)
+    finally:
+        for (records, name), rec in zip(models, originals, strict=True):
+            records[name] = rec
+        if isinstance(global_copy, ArrayRecord):
+            inner.current_arrays = global_copy  # type: ignore[attr-defined]
+    if arrays is None:
+        return None, metrics
+    weight_key = getattr(inner, "weighted_by_key", NUM_EXAMPLES)
+    layers = [array_view(arrays[k]) if k not in buffers else array_view(reference[k]) for k in keys]
+    new = mean_buffers(layers, mask, {i: [array_view(rec[k]) for k in keys] for i, rec in enumerate(originals)},
+                       {i: record_weight(r.content, weight_key) for i, r in enumerate(replies)})
+    return numpy_to_arrays(keys, new), metrics
 
 
 def _as_dtype(new: Array, like: Array) -> Array:

@@ -35,17 +35,18 @@ w̄(s) (the paper averages every local step's virtual iterate; the server sees w
 
 Choices
 -------
-* γ [``dual-lr``]: unset, γ = 0.16·min(m, N)/N² (:func:`~flowerdro.core.drfa.default_dual_lr`),
-  fixed when N becomes known: the λ step moves a drawn client's weight by τγ(N²/m)f_i
-  per draw in units of 1/N, and γ ∝ m/N² keeps that move (at most 1.6·f_i with τ = 10)
-  the same at every N and m. A given value is used as is.
+* γ [``dual-lr``]: unset, γ = 1/(2τNF) with F = 10 (public step: 1/(2mF);
+  :func:`~flowerdro.core.drfa.default_dual_lr`), fixed when N becomes known: for losses
+  below F no λ step moves an entry of λ by 1/2 or more, whatever N, m and τ (so λ(0)
+  uniform never lands on one client in one round), and λ_i drifts by 5 % of 1/N per round
+  per unit of loss above the mean. A given value is used as is.
 * Without replacement, D(s) is drawn successively by λ and averaged with Des Raj's
   ordered weights, which are unbiased for Σ_i λ_i w_i (the plain mean over such a sample
   is not: λ = (0.7, 0.1, 0.1, 0.1), m = 2 gives the mean the weights (7/15, 8/45, 8/45,
   8/45)). At most #{i: λ_i > 0} clients are drawn.
 * ``client-sampling = "uniform"`` (public code): D(s) uniform, update weights λ_k N/m.
 * ``dual-step-scale = "public"``: the λ step without Algorithm 1's factor τN/m′ (the
-  default γ above is meant for the paper's step: with this scale, set ``dual-lr``).
+  default γ follows the scale).
 * Node ↔ partition: λ is keyed by partition id. Whenever a connected node's partition is
   unknown (and, for ``lambda-init = "size"``, before λ(0) for every node whose
   training-set size is unknown) the strategy sends ``query.loss`` at the current model to
@@ -88,6 +89,7 @@ from flowerdro.core.drfa import (
     sample_snapshot_steps,
     sample_uniform,
 )
+from flowerdro.core.layers import cast_layer
 from flowerdro.core.simplex import admit_partitions, floor_simplex, lambda_entropy
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.settings import Knob, Settings, setting
@@ -107,8 +109,8 @@ class DRFASettings(Settings):
 
     clients_per_round: int | None = setting(None, "m, clients drawn per round (unset: fraction-train·N, at "
                                                   "least min-train-nodes)", ge=1)
-    dual_lr: float | None = setting(None, "γ, the dual step size (unset: 0.16·min(m, N)/N², the same "
-                                          "relative λ step at every N and m)", gt=0,
+    dual_lr: float | None = setting(None, "γ, the dual step size (unset: 1/(2τN·10), so that no λ step moves "
+                                          "an entry of λ by 1/2 or more for losses below 10)", gt=0,
                                     knob=Knob(1e-4, 1.0, "log"))
     sample_with_replacement: bool = setting(True, "draw D(s) with replacement (the paper); without, the "
                                                   "average uses Des Raj's unbiased weights")
@@ -120,7 +122,7 @@ class DRFASettings(Settings):
     lambda_floor: float = setting(0.0, "λ_min ≤ 1/N: every λ_i is kept ≥ λ_min (0: off)", ge=0, le=1,
                                   knob=Knob(1e-4, 1e-2, "log"))  # λ_min ≤ 1/N: fits N ≤ 100 clients
     dual_step_scale: str = setting("paper", "the λ step with Algorithm 1's factor τN/m′ (paper) or without it "
-                                            "(public; the default dual-lr is the paper step's)",
+                                            "(public; the default dual-lr is then 1/(2m·10))",
                                    choices=DUAL_STEP_SCALES)
     lambda_init: str = setting("uniform", "λ(0) uniform or proportional to the clients' training-set sizes",
                                choices=("uniform", "size"))
@@ -293,7 +295,8 @@ class DRFA(FairStrategy):
         else:
             lam = np.full(n, 1.0 / n)
         st.lam = floor_simplex(lam, cfg.lambda_floor) if cfg.lambda_floor > 0 else lam
-        st.dual_lr = cfg.dual_lr if cfg.dual_lr is not None else default_dual_lr(n, self.num_sampled(n))
+        st.dual_lr = cfg.dual_lr if cfg.dual_lr is not None else default_dual_lr(
+            n, self.num_sampled(n), tau=self.training.local_steps, scale=cfg.dual_step_scale)
         log(INFO, "[%s] λ initialised (%s) over N = %d partitions, γ = %.6g", self.run_name, cfg.lambda_init, n,
             st.dual_lr)
 
@@ -467,7 +470,7 @@ class DRFA(FairStrategy):
             return like
         dtypes = [a.dtype for a in arrays_to_numpy(like)]
         return numpy_to_arrays(list(like.keys()),
-                               [a.astype(d) for a, d in zip(self.state.average, dtypes, strict=True)])
+                               [cast_layer(a, d) for a, d in zip(self.state.average, dtypes, strict=True)])
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """w̄(s), or ŵ with ``evaluate-model = "average"``."""

@@ -56,7 +56,7 @@ Choices documented here
   point makes w_t Pareto-stationary for the sampled objectives. All g_i = 0 gives G = 0,
   λ* = λ₀ and w_{t+1} = w_t.
 * Buffers: an array is a *buffer*, not an update, when it is not floating-point or its
-  key's last dotted component is a torch normalisation buffer (:data:`BUFFER_NAMES`:
+  key's last dotted component is a torch normalisation buffer (:data:`~flowerdro.core.layers.BUFFER_NAMES`:
   ``running_mean``, ``running_var``, ``num_batches_tracked``; the clients send their
   ``state_dict`` keys). Buffers are never normalised nor stepped: w_{t+1} takes their
   λ*-weighted average over the participants, Σλ*_i b_i (rounded for integer arrays).
@@ -112,6 +112,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flowerdro.core.layers import BUFFER_NAMES, update_mask
 from flowerdro.core.mgda import fedmgda_lr
 from flowerdro.core.mgda_step import GRAM_PRECISIONS, StreamingServerStep
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
@@ -126,8 +127,6 @@ __all__ = ["BUFFER_NAMES", "FedMGDA", "FedMGDASettings", "ReplyStream", "Vanilla
 
 LAMBDA_INITS: tuple[str, ...] = ("uniform", "size")
 IMPROVEMENT_BEFORE: tuple[str, ...] = ("train-loss", "query")
-#: Last dotted components of the state_dict keys that are buffers, not trainable parameters.
-BUFFER_NAMES: frozenset[str] = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 TRAIN_TYPE, QUERY_TYPE = "train.sgd", "query.loss"
 
 
@@ -153,25 +152,6 @@ class FedMGDASettings(Settings):
                                                     "train-loss-on = batch)", choices=IMPROVEMENT_BEFORE)
     gram_precision: str = setting("auto", "arithmetic of the Gram products, summed in float64 (auto: the "
                                           "model's float dtype)", choices=GRAM_PRECISIONS)
-
-
-def update_mask(keys: Sequence[str], arrays: Sequence[np.ndarray]) -> list[bool]:
-    """Which arrays are updates: floating-point and not named as a buffer (:data:`BUFFER_NAMES`).
-
-    Parameters
-    ----------
-    keys : sequence of str
-        The arrays' keys (the clients' ``state_dict`` keys, e.g. ``"1.running_mean"``).
-    arrays : sequence of np.ndarray
-        The arrays, in the same order.
-
-    Returns
-    -------
-    list of bool
-        True for a trainable parameter (an update), False for a buffer.
-    """
-    return [bool(np.issubdtype(a.dtype, np.floating)) and k.rsplit(".", 1)[-1] not in BUFFER_NAMES
-            for k, a in zip(keys, arrays, strict=True)]
 
 
 def _center(lambda_init: str, sizes: Sequence[float]) -> np.ndarray:

@@ -50,11 +50,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerdro.core.affine import DEFAULT_MAX_DIM, check_ascent_rates, shift_norms
 from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.settings import Knob, Settings, setting
+from flowerdro.strategies.arrays import average_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.baselines import UNIFORM_WEIGHT, FedAvgSettings, _MeanOfModels
 from flowerdro.strategies.messaging import Failure, metrics_of
@@ -135,7 +135,7 @@ class FedRobust(FairStrategy):
             return None, None
         # the base's FedAvg over the models only (not the shifts)
         models = [RecordDict({"arrays": r.content["arrays"], "metrics": metrics_of(r)}) for r in replies]
-        return aggregate_arrayrecords(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
+        return average_arrays(models, NUM_EXAMPLES), mean_of_metric_records([metrics_of(r) for r in replies])
 
     def unprotected(self, mechanism: str) -> str | None:
         """Each reply carries the client's adversarial affine parameters, stored by partition on the server."""
@@ -242,7 +242,7 @@ class AdversarialTraining(_MeanOfModels, FairStrategy):
             return super().train_step(server_round, replies)
         models = [RecordDict({"arrays": r.content["arrays"], "metrics": MetricRecord({UNIFORM_WEIGHT: 1.0})})
                   for r in replies]
-        return (aggregate_arrayrecords(models, UNIFORM_WEIGHT),
+        return (average_arrays(models, UNIFORM_WEIGHT),
                 mean_of_metric_records([metrics_of(r) for r in replies]))
 
     def attack_config(self) -> dict[str, Any]:

@@ -15,12 +15,15 @@ rebuild them (:mod:`flowerdro.strategies.checkpoint`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from logging import INFO
 from typing import Any
 
+from flwr.common import log
+
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.settings import Knob, knobs, read_settings
+from flowerdro.settings import Knob, check_near_misses, knobs, read_settings
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
 from flowerdro.strategies.codec import register_state
@@ -82,6 +85,15 @@ ALGORITHMS: dict[str, Algorithm] = {
 # the dataclasses the algorithms above keep in ``self.state`` (the others keep dicts)
 register_state(DRFAState, GossipState, SCAFFOLDState, SCAFFPDState)
 
+#: Keys that Flower's legacy FedAvg examples read, and flowerdro's key for the same setting
+#: (named in the log when a project's run config holds them: flowerdro does not read them).
+FLOWER_NAMES: dict[str, str] = {
+    "fraction-fit": "fraction-train",
+    "min-fit-clients": "min-train-nodes",
+    "min-available-clients": "min-available-nodes",
+}
+
+
 def strategy_names() -> tuple[str, ...]:
     """Registered strategy names."""
     return tuple(sorted(ALGORITHMS))
@@ -112,6 +124,7 @@ def build_strategy(
     name: str,
     run_config: Mapping[str, Any],
     *,
+    own_keys: Iterable[str] = (),
     output_dir: str | None = None,
     run_name: str | None = None,
     resume: bool = False,
@@ -121,12 +134,42 @@ def build_strategy(
 ) -> FairStrategy:
     """Build strategy ``name`` with its settings read from ``run_config`` (validated before any message).
 
-    With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the run's
-    files there (``resume`` / ``overwrite`` / ``extend``: what to do with a folder that holds
-    a run; ``run_id``: the Flower run id its folder lock names).
+    ``run_config`` may hold the project's own keys besides flowerdro's (a Flower project
+    passes its ``context.run_config``): they are not read. A key that is not a flowerdro
+    key but looks like a misspelt one (``dual_lr``, ``lcoal-steps``, ``num-round``:
+    :func:`~flowerdro.settings.near_miss`) is refused, naming the key it looks like;
+    ``own_keys`` lists the project's own keys that look like a flowerdro key and must
+    pass. With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the
+    run's files there (``resume`` / ``overwrite`` / ``extend``: what to do with a folder that
+    holds a run; ``run_id``: the Flower run id its folder lock names).
+
+    Parameters
+    ----------
+    name : str
+        A registered strategy (:func:`strategy_names`).
+    run_config : Mapping
+        The run config (kebab-case keys, e.g. ``dual-lr``).
+    own_keys : iterable of str
+        The project's own keys that are near a flowerdro key (passed, not read).
+    output_dir, run_name, resume, overwrite, extend, run_id
+        Where the run's files go, its folder's name, what to do with a folder that holds a
+        run, and the Flower run id its lock names.
+
+    Returns
+    -------
+    FairStrategy
+        The strategy, every setting validated.
     """
     if name not in ALGORITHMS:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
+    from flowerdro.runs.config import known_keys  # runs.config reads the registry
+
+    known = known_keys()
+    check_near_misses(run_config, known, own=own_keys, where="run config")
+    if own := sorted(k for k in run_config if k not in known):
+        hints = [f"{k} → {FLOWER_NAMES[k]}" for k in own if k in FLOWER_NAMES]
+        log(INFO, "[%s] run-config keys flowerdro does not read (your project's own): %s%s", name,
+            ", ".join(own), f" (flowerdro's names: {', '.join(hints)})" if hints else "")
     node = read_settings(NodeSettings, run_config)  # the clients' model and attack settings fail here, not on the clients
     alg = ALGORITHMS[name]
     groups = [alg.strategy.settings_class, LoopSettings, TrainingSettings]

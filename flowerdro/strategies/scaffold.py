@@ -44,6 +44,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flowerdro.core.layers import cast_layer, update_mask
 from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
@@ -201,9 +202,9 @@ class SCAFFOLD(FairStrategy):
         n = self._num_nodes or m
         # c ← c + (|S|/N)·(1/|S|)Σ(c_i⁺ − c_i) = c + Σ(c_i⁺ − c_i)/N
         st.control = [ck + d / n for ck, d in zip(st.control, sum_dc, strict=True)]
-        # x ← x + η_g (mean_i y_i − x)
-        new = [(xk + self.config.server_lr * (sy / m - xk)).astype(dt)
-               for xk, sy, dt in zip(x, sum_y, dtypes, strict=True)]
+        # x ← x + η_g (mean_i y_i − x); buffers (core/layers.py) take mean_i y_i in their dtype
+        new = [(xk + self.config.server_lr * (sy / m - xk)).astype(dt) if update else cast_layer(sy / m, dt)
+               for xk, sy, dt, update in zip(x, sum_y, dtypes, update_mask(keys, base), strict=True)]
         return numpy_to_arrays(keys, new), mean_of_metric_records([metrics_of(r) for r in replies])
 
     def round_extras(self) -> dict[str, Any]:

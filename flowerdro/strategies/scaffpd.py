@@ -69,6 +69,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flowerdro.core import scaffpd as core
+from flowerdro.core.layers import mean_buffers, update_mask
 from flowerdro.core.simplex import admit_partitions
 from flowerdro.protocol import PARTITION_ID
 from flowerdro.settings import Knob, Settings, setting
@@ -291,12 +292,12 @@ class SCAFFPD(FairStrategy):
         dtypes = [a.dtype for a in base]
         x = [a.astype(np.float64) for a in base]
         delta: dict[int, list[np.ndarray]] = {}
+        trained: dict[int, list[np.ndarray]] = {}
         for r in replies:
             pid = int(metrics_of(r)[PARTITION_ID])
             if pid in weight:
-                delta[pid] = core.local_direction(x, [array_view(a) for a in r.content["arrays"].values()],
-                                                  self.training.lr,
-                                                  self.training.local_steps)
+                trained[pid] = [array_view(a) for a in r.content["arrays"].values()]
+                delta[pid] = core.local_direction(x, trained[pid], self.training.lr, self.training.local_steps)
         if self.config.on_failure == "exclude":
             total = sum(weight[p] for p in delta)
             coef = {p: weight[p] / total for p in delta} if total > 0 else {}
@@ -312,6 +313,8 @@ class SCAFFPD(FairStrategy):
             return None, None
         direction = core.weighted_sum(list(coef.values()), [delta[p] for p in coef])
         new = [xk.astype(d) for xk, d in zip(core.primal_step(x, direction, tau), dtypes, strict=True)]
+        if any(coef.get(p, 0.0) > 0 for p in trained):  # buffers: λ-weighted mean of the trained models'
+            new = mean_buffers(new, update_mask(keys, base), trained, {p: coef[p] for p in trained if p in coef})
         metrics = mean_of_metric_records([metrics_of(r) for r in replies]) if replies else None
         return numpy_to_arrays(keys, new), metrics
 

@@ -55,6 +55,40 @@ def test_flwr_run_simulation_completes_and_reports_fairness(tmp_path):
         assert abs(sum(lam.values()) - 1.0) < 1e-9 and min(lam.values()) >= 0.0
 
 
+#: The README's `run_simulation` pattern ("`flwr run`, or `run_simulation` from Python") on the
+#: Message-API example: a wrapper ServerApp fills the run config that run_simulation leaves empty.
+RUN_SIMULATION = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from flwr.serverapp import ServerApp
+from flwr.simulation import run_simulation
+from msgexample import client_app, server_app
+
+def with_run_config(app, run_config):
+    wrapper = ServerApp()
+
+    @wrapper.main()
+    def main(grid, context):
+        context.run_config = {**run_config, **context.run_config}
+        app(grid, context)
+
+    return wrapper
+
+run_config = {"strategy": "drfa", "num-server-rounds": 2, "lr": 0.05, "local-epochs": 1, "batch-size": 32}
+run_simulation(server_app=with_run_config(server_app.app, run_config), client_app=client_app.app,
+               num_supernodes=2, backend_config={"client_resources": {"num_cpus": 1}})
+"""
+
+
+def test_run_simulation_with_the_readmes_wrapper_runs_a_strategy(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", RUN_SIMULATION, str(REPO / "examples" / "message-api")],
+                          cwd=tmp_path, env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "[drfa] round 2/2" in log and "[drfa] finished 2 rounds" in log, log[-4000:]
+    assert "KeyError" not in log and "(0 dropped replies)" in log, log[-4000:]
+
+
 def test_flwr_run_failure_exits_nonzero(tmp_path):
     # `flwr run` itself exits 0 when the ServerApp fails; the wrapper must not.
     proc = _flwr_run(tmp_path, "num-rounds=1 strategies='no-such-strategy'", supernodes=2)

@@ -139,7 +139,9 @@ def test_client_failing_in_query_phase_is_dropped_and_round_completes(synth_rc):
     grid = InProcessGrid(client_app, 4, synth_rc, faults=faults)
     # A client whose loss is never observed only loses weight (documented bias): a floor
     # keeps it in the draws so that its training replies are seen to be used.
-    st = build_strategy("drfa", {**synth_rc, "clients-per-round": 6, "num-partitions": 4, "lambda-floor": 0.2})
+    # γ = 0.04 moves λ_1 (whose loss is never seen) to the floor within the first rounds
+    st = build_strategy("drfa", {**synth_rc, "clients-per-round": 6, "num-partitions": 4, "lambda-floor": 0.2,
+                                 "dual-lr": 0.04})
     init = initial_arrays(grid, synth_rc, 60)
     st.start(grid, init, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
     assert len(st.history) == 5

@@ -31,12 +31,16 @@ def _project(folder: str, package: str) -> tuple[dict, object, object]:
     return dict(config), client, server
 
 
-def _run_example(project: str, package: str, entry: str, built_by: str, name: str, rounds: int):
-    """Run ``server.<entry>`` of an example on an in-process grid; returns the object ``server.<built_by>`` built."""
+def _run_example(project: str, package: str, entry: str, built_by: str, name: str, rounds: int,
+                 extra: dict | None = None):
+    """Run ``server.<entry>`` of an example on an in-process grid; returns the object ``server.<built_by>`` built.
+
+    ``extra`` adds run-config keys (as ``flwr run --run-config`` would).
+    """
     from types import SimpleNamespace
 
     config, client, server = _project(project, package)
-    rc = {**config, "strategy": name, "num-server-rounds": rounds}
+    rc = {**config, "strategy": name, "num-server-rounds": rounds, **(extra or {})}
     grid = InProcessGrid(client.app, 4, rc)
     grid.set_run(SimpleNamespace(run_id=1))
     built = []
@@ -54,8 +58,8 @@ def _run_example(project: str, package: str, entry: str, built_by: str, name: st
     return built[0]
 
 
-def _run_message_api(name: str, rounds: int = 2):
-    return _run_example("message-api", "msgexample", "main", "build_strategy", name, rounds)
+def _run_message_api(name: str, rounds: int = 2, extra: dict | None = None):
+    return _run_example("message-api", "msgexample", "main", "build_strategy", name, rounds, extra)
 
 
 @pytest.mark.parametrize("name", strategy_names())
@@ -66,8 +70,8 @@ def test_every_strategy_runs_through_the_message_api_example(name):
     assert all("acc_worst" in r for r in strategy.history)
 
 
-def _run_legacy(name: str, rounds: int = 2):
-    return _run_example("legacy-api", "legacyexample", "app", "LegacyStrategy", name, rounds)
+def _run_legacy(name: str, rounds: int = 2, extra: dict | None = None):
+    return _run_example("legacy-api", "legacyexample", "app", "LegacyStrategy", name, rounds, extra)
 
 
 @pytest.mark.parametrize("name", strategy_names())
@@ -86,6 +90,92 @@ def test_legacy_two_exchange_algorithms_give_the_lambda_sequence_of_the_message_
     message = _run_message_api(name, rounds=3)
     assert [r["lambda"] for r in legacy.history] == [r["lambda"] for r in message.history]
     assert [r["acc_worst"] for r in legacy.history] == [r["acc_worst"] for r in message.history]
+
+
+RUN = {"message-api": _run_message_api, "legacy-api": _run_legacy}
+
+
+@pytest.mark.parametrize("api", sorted(RUN))
+@pytest.mark.parametrize("typo,meant", [("dual-lrr", "dual-lr"), ("lcoal-steps", "local-steps"),
+                                        ("num-round", "num-rounds"), ("dual_lr", "dual-lr"),
+                                        ("accuracy_metric", "accuracy-metric")])
+def test_a_misspelt_flowerdro_key_in_the_projects_run_config_is_refused_naming_the_key(api, typo, meant):
+    with pytest.raises(ValueError, match=rf"'{typo}' \(did you mean '{meant}'\?\).*own_keys"):
+        RUN[api]("drfa", 1, {typo: 3})
+
+
+@pytest.mark.parametrize("api", sorted(RUN))
+def test_the_projects_own_keys_pass_and_are_named_in_the_log(api):
+    import logging
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        # num-server-rounds, strategy, local-epochs and batch-size are in the example's own config
+        built = RUN[api]("fedavg", 1, {"fraction-fit": 0.5, "my-model-width": 64})
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    own = [r for r in records if "keys flowerdro does not read" in r]
+    assert own and "fraction-fit, my-model-width, num-server-rounds, strategy" in own[0], own
+    assert "fraction-fit → fraction-train" in own[0]
+    strategy = built.strategy if api == "legacy-api" else built
+    assert strategy.loop.fraction_train == 1.0  # fraction-fit is not flowerdro's sampling
+    assert len(strategy.history) == 1 and not strategy.history[0]["failures"]
+
+
+def test_own_keys_let_a_projects_key_near_a_flowerdro_key_through_on_both_apis():
+    from flowerdro.legacy import LegacyStrategy
+    from flowerdro.strategies import build_strategy
+
+    rc = {"dual_lr": 0.3, "batch_size": 8}
+    assert build_strategy("drfa", rc, own_keys=("dual_lr", "batch_size")).config.dual_lr is None
+    legacy = LegacyStrategy("drfa", rc, num_rounds=1, own_keys=("dual_lr", "batch_size"))
+    assert legacy.strategy.training.batch_size == 32  # flowerdro's batch-size keeps its default
+    with pytest.raises(ValueError, match="'batch_size' \\(did you mean 'batch-size'"):
+        LegacyStrategy("drfa", rc, num_rounds=1, own_keys=("dual_lr",))
+    with pytest.raises(ValueError, match="own_keys: 'dual-lr' is a flowerdro key"):
+        build_strategy("drfa", {"dual-lr": 0.3}, own_keys=("dual-lr",))
+
+
+def _with_batchnorm(monkeypatch, project: str, package: str) -> None:
+    """Give the example's own ``Net`` a BatchNorm layer (float running statistics, an int64 counter)."""
+    import torch
+    from torch import nn
+
+    _, client, _ = _project(project, package)
+    task = importlib.import_module(f"{package}.task")
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.fc1, self.bn = nn.Linear(task.NUM_FEATURES, 32), nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, task.NUM_CLASSES)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+    monkeypatch.setattr(task.Net, "__init__", __init__)
+    monkeypatch.setattr(task.Net, "forward", forward)
+    if hasattr(client.app, "_kits"):  # the legacy app keeps one kit (holding the client's net) per node
+        monkeypatch.setattr(client.app, "_kits", {})
+
+
+@pytest.mark.parametrize("api", ["message-api", "legacy-api"])
+def test_qfedavg_runs_a_batchnorm_model_through_both_examples(monkeypatch, api):
+    import numpy as np
+    from flwr.common import parameters_to_ndarrays
+
+    _with_batchnorm(monkeypatch, api, "msgexample" if api == "message-api" else "legacyexample")
+    if api == "message-api":
+        strategy = _run_message_api("qfedavg")
+    else:
+        legacy = _run_legacy("qfedavg")
+        strategy = legacy.strategy
+        counter = parameters_to_ndarrays(legacy.final_parameters)[6]  # bn.num_batches_tracked
+        assert counter.dtype == np.int64 and counter > 0
+    assert len(strategy.history) == 2
+    assert not any(r["failures"] for r in strategy.history), strategy.history[-1]["failures"]
 
 
 def test_an_unchanged_numpyclient_still_serves_flowers_own_legacy_strategy():

@@ -12,14 +12,12 @@ from scipy import stats
 from flowerdro.core.drfa import (
     aggregation_weights,
     combine_models,
-    default_dual_lr,
     dual_ascent,
     dual_step,
     loss_vector,
     prox_step,
     sample_by_lambda,
     sample_snapshot_steps,
-    sample_uniform,
 )
 from flowerdro.core.simplex import project_simplex
 from flowerdro.experiments.references import solve_tightly
@@ -369,47 +367,7 @@ def test_public_dual_step_scale_drops_tau_n_over_m():
 
 
 # ---------------------------------------------------------------------- default γ
-def test_default_dual_lr_bounds_the_expected_relative_move_when_m_exceeds_n():
-    # m > N draws with replacement: E[v] = f, so the mean step is τγf and, in units of 1/N,
-    # τγNf; averaged over the N^m equally likely U it is κτf for the default γ = κ/N.
-    n, m, tau = 3, 5, 2
-    f = np.array([0.5, 1.0, 2.0])
-    gamma = default_dual_lr(n, m)
-    mean = sum(tau * gamma * loss_vector(n, list(u), f[list(u)]) for u in itertools.product(range(n), repeat=m))
-    np.testing.assert_allclose(n * mean / n**m, 0.16 * tau * f, rtol=1e-12)  # float64 sum of 243 terms
-
-def test_default_dual_lr_by_hand():
-    # float64 quotients of small exact integers: correctly rounded, ≤ 1 ulp; rel 1e-15 ≈ 4 ulps
-    assert default_dual_lr(10, 5) == pytest.approx(8e-3, rel=1e-15)
-    assert default_dual_lr(1000, 50) == pytest.approx(8e-6, rel=1e-15)
-    assert default_dual_lr(4, 6) == default_dual_lr(4, 4) == pytest.approx(0.04, rel=1e-15)
-    with pytest.raises(ValueError, match="num_draws"):
-        default_dual_lr(10, 0)
-
-
-def test_default_dual_lr_keeps_the_first_lambda_step_the_same_relative_size_at_any_scale():
-    # From uniform λ, U = m distinct clients all with loss 1: in the interior
-    # λ⁺ = λ + τγ(v − mean v), with v = N/m on U. With γ = 0.16 m/N², τ = 10, N·λ⁺ is
-    # 1 + 1.6 − 1.6 m/N on U and 1 − 1.6 m/N elsewhere, whatever N: (10, 5) and (1000, 500)
-    # give the same relative weights, and so do (20, 2) and (1000, 100).
-    tau = 10
-    for n, m in [(10, 5), (1000, 500), (20, 2), (1000, 100)]:
-        lam = dual_step(np.full(n, 1 / n), list(range(m)), [1.0] * m, tau=tau, gamma=default_dual_lr(n, m))
-        np.testing.assert_allclose(n * lam[:m], 2.6 - 1.6 * m / n, rtol=1e-12)  # float64 rounding, relative
-        np.testing.assert_allclose(n * lam[m:], 1.0 - 1.6 * m / n, rtol=1e-12)  # float64 rounding, relative
-
-
-def test_default_dual_lr_does_not_collapse_lambda_at_a_thousand_clients():
-    # N = 1000, m = 50, τ = 10, losses of a cross-entropy at the start (about log 10 ± 1):
-    # γ = 8e-3 leaves λ on a handful of clients after one step; the default keeps every client.
-    n, m, tau = 1000, 50, 10
-    rng = np.random.default_rng(0)
-    ids = sample_uniform(rng, n, m)
-    losses = rng.uniform(1.3, 3.3, size=m)
-    fixed = dual_step(np.full(n, 1 / n), ids, losses, tau=tau, gamma=8e-3)
-    default = dual_step(np.full(n, 1 / n), ids, losses, tau=tau, gamma=default_dual_lr(n, m))
-    assert np.count_nonzero(fixed) <= 3
-    assert np.count_nonzero(default) == n and default.max() < 10 / n
+# (see tests/unit/test_drfa_default_step.py)
 
 
 # --------------------------------------------------------------------------- sampling

@@ -324,10 +324,12 @@ def test_a_round_without_a_new_model_neither_decays_gamma_nor_enters_the_average
     np.testing.assert_allclose(_w(res.arrays), (w1 + w3 + w4) / 3, atol=1e-15)  # float64 sums of ≤ 6 terms of size ~1
 
 
-def test_default_dual_lr_is_scaled_by_m_over_n_squared_and_a_given_one_is_kept():
-    cases = [({"clients_per_round": 4}, 0.16 * 4 / 20**2), ({"fraction_train": 0.25}, 0.16 * 5 / 20**2),
-             ({"clients_per_round": 4, "dual_lr": 0.05}, 0.05), ({"full_participation": True}, 0.16 / 20),
-             ({"clients_per_round": 30}, 0.16 / 20)]
+def test_default_dual_lr_follows_n_tau_and_the_step_scale_and_a_given_one_is_kept():
+    # γ = 1/(2τN·10) for the paper's step, 1/(2m·10) for the public one; N = 20, τ = 10 by default
+    cases = [({"clients_per_round": 4}, 0.5 / (10 * 20 * 10)), ({"local_steps": 2}, 0.5 / (2 * 20 * 10)),
+             ({"clients_per_round": 4, "dual_lr": 0.05}, 0.05), ({"full_participation": True}, 0.5 / (10 * 20 * 10)),
+             ({"clients_per_round": 4, "dual_step_scale": "public"}, 0.5 / (4 * 10)),
+             ({"clients_per_round": 30, "dual_step_scale": "public"}, 0.5 / (30 * 10))]
     for kwargs, gamma in cases:
         _, grid, _ = _fake(20)
         st = DRFA(seed=0, fraction_evaluate=0.0, **kwargs)

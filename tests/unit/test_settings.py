@@ -7,7 +7,17 @@ from dataclasses import dataclass
 import pytest
 
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.settings import Settings, check_known_keys, describe, read_settings, setting
+from flowerdro.runs.config import known_keys
+from flowerdro.settings import (
+    Settings,
+    _osa_distance,
+    check_known_keys,
+    check_near_misses,
+    describe,
+    near_miss,
+    read_settings,
+    setting,
+)
 from flowerdro.strategies.base import LoopSettings
 
 
@@ -67,6 +77,42 @@ def test_unknown_keys_are_refused_naming_the_closest_known_key():
     with pytest.raises(ValueError, match=r"unknown keys 'learning-rate', 'local_steps' \(did you mean 'local-steps'\?\)"):
         check_known_keys({"local_steps": 3, "learning-rate": 0.1, "lr": 0.1}, known)
     check_known_keys({"lr": 0.1, "local-steps": 3}, known)  # known keys pass
+
+
+def test_edit_distance_counts_edits_and_neighbour_swaps():
+    # hand-worked: kitten → sitting is 3 substitutions/insertions; a swap of neighbours is 1
+    assert _osa_distance("kitten", "sitting") == 3
+    assert _osa_distance("lcoal", "local") == 1 and _osa_distance("ab", "ba") == 1
+    assert _osa_distance("", "abc") == 3 and _osa_distance("same", "same") == 0
+    assert _osa_distance("ca", "abc") == 3  # optimal string alignment: no edit of a swapped pair
+
+
+@pytest.mark.parametrize("key,meant", [
+    ("dual-lrr", "dual-lr"), ("lcoal-steps", "local-steps"), ("num-round", "num-rounds"),
+    ("dual_lr", "dual-lr"), ("accuracy_metric", "accuracy-metric"), ("Batch-Size", "batch-size"),
+    ("LR", "lr"), ("local-step", "local-steps"), ("dirichlet-alfa", "dirichlet-alpha"),
+    ("fraction-evalute", "fraction-evaluate"),
+])
+def test_near_misses_of_flowerdro_keys_are_found(key, meant):
+    assert near_miss(key, known_keys()) == meant
+
+
+@pytest.mark.parametrize("key", [
+    "num-server-rounds", "fraction-fit", "my-model-width", "local-epochs", "strategy", "partitioner",
+    "min-available-clients", "momentum", "mode", "seeds", "mu2", "model-name", "learning-rate", "num-classes",
+])
+def test_a_projects_own_keys_are_no_near_misses(key):
+    assert near_miss(key, known_keys()) is None
+
+
+def test_near_misses_are_refused_together_and_own_keys_pass():
+    known = known_keys()
+    with pytest.raises(ValueError, match=r"'dual_lr' \(did you mean 'dual-lr'\?\), 'num-round' \(did you mean "
+                                         r"'num-rounds'\?\).*own_keys=\('dual_lr', 'num-round',\)"):
+        check_near_misses({"num-round": 3, "dual_lr": 0.1, "my-key": 1, "lr": 0.1}, known)
+    check_near_misses({"num-round": 3, "dual_lr": 0.1}, known, own=("num-round", "dual_lr"))
+    with pytest.raises(ValueError, match="own_keys: 'lr' is a flowerdro key"):
+        check_near_misses({"lr": 0.1}, known, own=("lr",))
 
 
 def test_describe_lists_every_key_with_its_default_and_meaning():
