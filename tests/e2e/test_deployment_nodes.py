@@ -1,0 +1,61 @@
+"""Misconfigured SuperNodes on a loopback deployment: a second one for a live partition, one out of range.
+
+Three SuperNodes serve partitions 0, 1, 2 of 3; a fourth is started with ``partition-id=0``
+(the operator copied a command line) and a fifth with ``partition-id=7``. The run must
+complete with the numbers of the three right nodes (every partition evaluated, none
+missing, no partition moving between nodes), and every round record must name the two
+refused nodes with the reason, as the server's log does once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ._flower import flwr, free_port, wait_run
+from .test_deployment_restart import RUN_CONFIG, Deployment, _records
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    dep = Deployment(tmp_path, num_nodes=3)
+    try:
+        yield dep
+    finally:
+        dep.close()
+
+
+def _supernode(dep: Deployment, name: str, partition: int) -> None:
+    """A SuperNode whose node config says ``partition-id = partition`` of 3 (ClientApp processes forked:
+    ``flowerdro.deploy.supernode --fork-clientapp``, which keeps the rounds short)."""
+    dep._start(name, [sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--fork-clientapp", "--",
+                      "--insecure", "--superlink", f"127.0.0.1:{dep.port}",
+                      "--node-config", f"partition-id={partition} num-partitions=3",
+                      "--host", "127.0.0.1", "--port", str(free_port())])
+
+
+def test_a_duplicate_and_an_out_of_range_supernode_are_refused_by_name(deployment, tmp_path):
+    dep = deployment
+    out = tmp_path / "out"
+    dep.start_superlink()
+    for p in range(3):
+        _supernode(dep, f"supernode{p}", p)
+    _supernode(dep, "duplicate", 0)
+    _supernode(dep, "out_of_range", 7)
+    dep.wait_online(5)
+    run_id = dep.submit(f"{RUN_CONFIG} num-rounds=2 strategies='fedavg' output-dir='{out}' min-available-nodes=5")
+    assert wait_run(run_id, dep.env, timeout=900) == "finished:completed", dep.tail("superlink")
+    records = _records(out / "fedavg")
+    assert [r["round"] for r in records] == [1, 2]
+    for rec in records:
+        assert sorted(rec["client_acc"]) == ["0", "1", "2"] and rec["missing"] == {}, rec
+        assert not rec["failures"], rec["failures"]
+        reasons = sorted(rec["refused"].values())
+        assert len(reasons) == 2, rec["refused"]
+        assert any(r.startswith("partition 0 is served by node") for r in reasons), reasons
+        assert any("partition-id 7 is outside 0..2" in r for r in reasons), reasons
+    log = flwr(["log", run_id, "deploy", "--show"], dep.env).stdout
+    assert "refused" in log and "moved from node" not in log, log[-3000:]
