@@ -111,12 +111,16 @@ def test_the_projects_own_keys_pass_and_are_named_in_the_log(api):
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("flwr").addHandler(handler)
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # whatever an earlier test (a CLI's --quiet) left
     try:
         # num-server-rounds, strategy, local-epochs and batch-size are in the example's own config
         built = RUN[api]("fedavg", 1, {"fraction-fit": 0.5, "my-model-width": 64})
     finally:
-        logging.getLogger("flwr").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     own = [r for r in records if "keys flowerdro does not read" in r]
     assert own and "fraction-fit, my-model-width, num-server-rounds, strategy" in own[0], own
     assert "fraction-fit → fraction-train" in own[0]
