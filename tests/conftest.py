@@ -127,3 +127,17 @@ def crash_and_resume(tmp_path, monkeypatch):
         return whole, resumed
 
     return check
+
+
+def pytest_collection_finish(session) -> None:
+    """Keep what the test modules imported (torch, flwr, datasets) out of the collector's walks.
+
+    Flower's ``ArrayRecord.to_numpy_ndarrays(keep_input=False)`` calls ``gc.collect()`` for
+    every array (q-FedAvg: per reply), and a walk over everything torch and flwr allocate at
+    import costs a tenth of a second or more each time; the experiments runner and the
+    ServerApp freeze the same way (docs/architecture.md, "Performance notes").
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()

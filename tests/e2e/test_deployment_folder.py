@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ._flower import flwr, wait_run
-from .test_deployment_restart import RUN_CONFIG, Deployment, _records
+from .test_deployment_restart import Deployment, _records, run_config
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ def _wait_file(path, timeout: float, dep: Deployment) -> None:
 def test_a_second_flwr_run_into_a_folder_in_use_is_refused(deployment, tmp_path):
     dep = deployment
     out = tmp_path / "out"
-    rc = f"{RUN_CONFIG} num-rounds=1 strategies='fedavg' output-dir='{out}'"
+    rc = run_config(num_rounds=1, strategies='fedavg', output_dir=str(out))
     dep.start_superlink()
     first = dep.submit(rc)
     _wait_file(out / "comparison.lock.json", 180, dep)  # the first ServerApp holds the folder

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ._flower import flwr, free_port, wait_run
-from .test_deployment_restart import RUN_CONFIG, Deployment, _records
+from .test_deployment_restart import Deployment, _records, run_config
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ def test_a_duplicate_and_an_out_of_range_supernode_are_refused_by_name(deploymen
     _supernode(dep, "duplicate", 0)
     _supernode(dep, "out_of_range", 7)
     dep.wait_online(5)
-    run_id = dep.submit(f"{RUN_CONFIG} num-rounds=2 strategies='fedavg' output-dir='{out}' min-available-nodes=5")
+    run_id = dep.submit(run_config(num_rounds=2, strategies='fedavg', output_dir=str(out), min_available_nodes=5))
     assert wait_run(run_id, dep.env, timeout=900) == "finished:completed", dep.tail("superlink")
     records = _records(out / "fedavg")
     assert [r["round"] for r in records] == [1, 2]

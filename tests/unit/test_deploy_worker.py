@@ -9,16 +9,24 @@ import stat
 import threading
 import time
 
+import flwr
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flowerdro.clients.routes import handler
 from flowerdro.deploy import worker as w
+from flowerdro.deploy.supernode import FLOWER_SERIES
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.runs.driver import client_config
 
 ensure_task_identity()
+
+#: The SuperNode launcher patches one Flower series and refuses every other by design.
+patched_flower = pytest.mark.skipif(
+    not flwr.__version__.startswith(FLOWER_SERIES),
+    reason=f"the SuperNode launcher patches Flower {FLOWER_SERIES}x and refuses the installed "
+           f"{flwr.__version__} by design (test_the_launcher_refuses_the_installed_flower covers it)")
 
 
 def _context(rc: dict, folder, node_id: int = 3, worker: int = 1) -> Context:
@@ -158,6 +166,7 @@ def test_the_node_config_keys_are_checked(tmp_path):
 
 
 # ----------------------------------------------------------------------------- SuperNode launcher
+@patched_flower
 def test_the_launcher_shortens_only_the_idle_sleep(monkeypatch):
     import time as time_module
 
@@ -174,6 +183,7 @@ def test_the_launcher_shortens_only_the_idle_sleep(monkeypatch):
     assert slept == [0.2, 0.5] and sci.time.monotonic is time_module.monotonic
 
 
+@patched_flower
 def test_the_launcher_refuses_another_flower(monkeypatch):
     import inspect
     import time as time_module
@@ -195,6 +205,7 @@ def test_the_launcher_refuses_another_flower(monkeypatch):
     assert sci.time is time_module
 
 
+@patched_flower
 def test_the_launcher_runs_flower_supernode_with_its_arguments():
     import subprocess
     import sys
@@ -205,6 +216,21 @@ def test_the_launcher_runs_flower_supernode_with_its_arguments():
     out = subprocess.run([sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--", "--help"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "--superlink" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(flwr.__version__.startswith(FLOWER_SERIES),
+                    reason=f"Flower {flwr.__version__} is the series the launcher patches")
+def test_the_launcher_refuses_the_installed_flower():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--", "--help"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"patches Flower {FLOWER_SERIES}x; installed: {flwr.__version__}" in out.stderr
 
 
 # ----------------------------------------------------------------------------- the ClientApp's route
