@@ -33,4 +33,4 @@ echo "test_newest: installing flowerdro[dev] with the newest releases its ranges
 quiet_pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "torch==2.13.0"
 python -c "import flowerdro, flwr, torch; print(f'test_newest: ok (flowerdro {flowerdro.__version__}, flwr {flwr.__version__}, torch {torch.__version__})')"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-python -m pytest -q -p no:cacheprovider -m "not e2e" "$@"
+python -m pytest -q -p no:cacheprovider -m "not e2e" -n auto --dist worksteal "$@"

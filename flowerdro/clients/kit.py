@@ -551,6 +551,13 @@ class ClientKit:
             gen = make_generator(seed, rnd, rt.partition_id, handlers._SALT_TRAIN)
             idx = next(minibatches(rt.data.num_train, batch_size, gen, rt.data.x_train.device))
             before = batch_loss(model, rt.data.x_train, rt.data.y_train, idx, rt.loss_fn)
+        attack, amount = handlers.attack_of(s, rt.partition_id)
+        if attack == "loss-scale":
+            raise ValueError(
+                f"attack = \"loss-scale\" (partition {rt.partition_id} is in malicious-ids) multiplies the loss "
+                "that flowerdro's own local loop minimises, and this client trains with its own train_fn, whose "
+                "loss the kit cannot scale: use attack = \"update-scale\" (the update w - w0 times attack-scale), "
+                "or give the kit a loss_fn and no train_fn")
         mu = own.float("proximal-mu", 0.0, minimum=0.0)
         model = rt.for_user(model)
         prox = _ProximalHooks(model, mu) if mu > 0 else None
@@ -566,8 +573,7 @@ class ClientKit:
         if prox is not None:
             prox.check_kept(model)
         state = state_as_sent(model, received)
-        attack, amount = handlers.attack_of(s, rt.partition_id)
-        if attack == "scale":
+        if attack == "update-scale":
             state = handlers._scale_update(received, state, amount)
         elif attack == "bias":
             before += amount

@@ -11,7 +11,6 @@ SuperNode then runs its ClientApp processes as forks (``flowerdro.deploy.superno
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
@@ -53,8 +52,7 @@ def test_a_second_flwr_run_into_a_folder_in_use_is_refused(deployment, tmp_path)
     logs = flwr(["log", second, "deploy", "--show"], dep.env).stdout
     assert f"output-dir: {out} is in use by another run (flwr run {first}, pid {holder['pid']}" in logs, logs
 
-    dep.supernodes[0] = dep._start("supernode0", [sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1",
-                                                  "--fork-clientapp", "--", *dep.supernode_cmd(0)[1:]])
+    dep.start_supernode(0)
     assert wait_run(first, dep.env, timeout=300) == "finished:completed", dep.tail("superlink")
     assert [r["round"] for r in _records(out / "fedavg")] == [1]  # one run's records only
     assert not (out / "comparison.lock.json").exists() and not (out / "fedavg" / "run.lock.json").exists()

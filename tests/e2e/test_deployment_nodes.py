@@ -9,11 +9,9 @@ refused nodes with the reason, as the server's log does once.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from ._flower import flwr, free_port, wait_run
+from ._flower import flwr, wait_run
 from .test_deployment_restart import Deployment, _records, run_config
 
 pytestmark = pytest.mark.e2e
@@ -28,23 +26,14 @@ def deployment(tmp_path):
         dep.close()
 
 
-def _supernode(dep: Deployment, name: str, partition: int) -> None:
-    """A SuperNode whose node config says ``partition-id = partition`` of 3 (ClientApp processes forked:
-    ``flowerdro.deploy.supernode --fork-clientapp``, which keeps the rounds short)."""
-    dep._start(name, [sys.executable, "-m", "flowerdro.deploy.supernode", "--poll", "0.1", "--fork-clientapp", "--",
-                      "--insecure", "--superlink", f"127.0.0.1:{dep.port}",
-                      "--node-config", f"partition-id={partition} num-partitions=3",
-                      "--host", "127.0.0.1", "--port", str(free_port())])
-
-
 def test_a_duplicate_and_an_out_of_range_supernode_are_refused_by_name(deployment, tmp_path):
     dep = deployment
     out = tmp_path / "out"
     dep.start_superlink()
     for p in range(3):
-        _supernode(dep, f"supernode{p}", p)
-    _supernode(dep, "duplicate", 0)
-    _supernode(dep, "out_of_range", 7)
+        dep.start_supernode(p)
+    dep.start_supernode(0, name="duplicate")
+    dep.start_supernode(7, name="out_of_range")
     dep.wait_online(5)
     run_id = dep.submit(run_config(num_rounds=2, strategies='fedavg', output_dir=str(out), min_available_nodes=5))
     assert wait_run(run_id, dep.env, timeout=900) == "finished:completed", dep.tail("superlink")

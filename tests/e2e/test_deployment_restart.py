@@ -123,10 +123,17 @@ class Deployment:
             assert time.monotonic() < deadline, self.tail("superlink")
             time.sleep(1)
 
-    def start_supernode(self, partition: int) -> None:
-        """Start (or restart) the SuperNode serving ``partition`` (with :data:`FAST`, its SuperExec polls every 0.1 s)."""
+    def start_supernode(self, partition: int, name: str | None = None) -> subprocess.Popen:
+        """Start (or restart) a SuperNode serving ``partition`` (with :data:`FAST`, its SuperExec polls every 0.1 s).
+
+        Without ``name`` it is *the* node of ``partition`` (``self.supernodes``, log
+        ``supernode<partition>.log``); with one, an extra node logging to ``<name>.log``.
+        """
         env = {**self.env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"} if FAST else self.env
-        self.supernodes[partition] = self._start(f"supernode{partition}", self.supernode_cmd(partition), env)
+        proc = self._start(name or f"supernode{partition}", self.supernode_cmd(partition), env)
+        if name is None:
+            self.supernodes[partition] = proc
+        return proc
 
     def online(self) -> int:
         """How many SuperNodes the SuperLink lists as online."""

@@ -173,6 +173,37 @@ def test_fedprox_hooks_add_the_proximal_gradient_to_the_users_loop(synth_rc):
         torch.testing.assert_close(got[k], p.detach(), rtol=0, atol=1e-6)
 
 
+def test_an_update_scale_attacker_with_the_users_train_function_sends_the_scaled_update(synth_rc):
+    # FedMGDA+'s update-scaling attacker (§6.2.2) trains honestly and sends w0 + s·(w − w0): the
+    # honest reply of the same deterministic loop, scaled here by hand; loss-scale cannot scale
+    # the loss of the user's own loop and is refused, naming the way out
+    def train_fn(model, loader, args):
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+        x, y = loader.dataset.tensors  # full batch: the same steps every call
+        for _ in range(2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return 0.0
+
+    kit = _loader_kit(synth_rc, 2, [])
+    kit.train_fn = train_fn
+    grid = InProcessGrid(kit.client_app(), 2, synth_rc)
+    init = initial_arrays(grid, synth_rc, 60)
+    ctx = grid.contexts[grid.node_ids[0]]
+    attacker = {"malicious-ids": "0", "attack-scale": 3.0}
+    honest = grid.app(_train_message(grid, init, synth_rc), ctx).content["arrays"].to_torch_state_dict()
+    scaled = grid.app(_train_message(grid, init, synth_rc, {**attacker, "attack": "update-scale"}), ctx)
+    got = scaled.content["arrays"].to_torch_state_dict()
+    w0 = init.to_torch_state_dict()
+    for k in w0:
+        assert not torch.equal(honest[k], w0[k])
+        # w0 + 3 (w − w0) in float32: a few ulps of values of size ~1
+        torch.testing.assert_close(got[k], w0[k] + 3.0 * (honest[k] - w0[k]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match='loss-scale.*own train_fn.*update-scale'):
+        grid.app(_train_message(grid, init, synth_rc, {**attacker, "attack": "loss-scale"}), ctx)
+
+
 def test_clients_without_partition_id_use_their_node_id(synth_rc):
     kit = own_pieces_kit(synth_rc, 3)
     ctx = Context(run_id=1, node_id=987654, node_config={}, state=RecordDict(), run_config=dict(synth_rc))
