@@ -101,6 +101,9 @@ def main() -> int:
     env = os.environ.copy()
     env.setdefault("FLWR_HOME", str(ROOT / ".flwr-home"))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    # `flwr run` starts `flower-superlink` by name: the one installed beside this Python,
+    # also when the environment is used without being activated
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("RAY_DEDUP_LOGS", "0")
     port = env.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")
