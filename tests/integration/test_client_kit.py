@@ -135,23 +135,24 @@ def _train_message(grid, arrays, rc, extra=None):
                    message_type="train")
 
 
+def _two_full_batch_steps(model: nn.Module, loader, args) -> float:
+    """A user's loop of two full-batch SGD steps (the same steps at every call)."""
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    x, y = loader.dataset.tensors
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return 0.0
+
+
 def test_fedprox_hooks_add_the_proximal_gradient_to_the_users_loop(synth_rc):
     # A user's loop of two full-batch SGD steps; with the hooks they must be FedProx's steps
     # w1 = w0 − η ∇f(w0) (the proximal term vanishes at w⁰) and w2 = w1 − η (∇f(w1) + μ (w1 − w0)),
     # recomputed here by hand.
     lr, mu = 0.1, 0.5
-
-    def train_fn(model, loader, args):
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        x, y = loader.dataset.tensors  # full batch
-        for _ in range(2):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        return 0.0
-
     kit = _loader_kit(synth_rc, 2, [])
-    kit.train_fn = train_fn
+    kit.train_fn = _two_full_batch_steps
     grid = InProcessGrid(kit.client_app(), 2, synth_rc)
     init = initial_arrays(grid, synth_rc, 60)
     ctx = grid.contexts[grid.node_ids[0]]
@@ -177,17 +178,8 @@ def test_an_update_scale_attacker_with_the_users_train_function_sends_the_scaled
     # FedMGDA+'s update-scaling attacker (§6.2.2) trains honestly and sends w0 + s·(w − w0): the
     # honest reply of the same deterministic loop, scaled here by hand; loss-scale cannot scale
     # the loss of the user's own loop and is refused, naming the way out
-    def train_fn(model, loader, args):
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        x, y = loader.dataset.tensors  # full batch: the same steps every call
-        for _ in range(2):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        return 0.0
-
     kit = _loader_kit(synth_rc, 2, [])
-    kit.train_fn = train_fn
+    kit.train_fn = _two_full_batch_steps
     grid = InProcessGrid(kit.client_app(), 2, synth_rc)
     init = initial_arrays(grid, synth_rc, 60)
     ctx = grid.contexts[grid.node_ids[0]]
