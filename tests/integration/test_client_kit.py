@@ -248,6 +248,30 @@ def test_a_model_that_does_not_match_the_servers_arrays_names_the_keys():
         check_state_dict(_Other(), wrong)
 
 
+@pytest.mark.parametrize("name", ["fedavg", "drfa", "scaffold"])
+def test_a_model_mismatch_stops_the_run_in_round_1_with_the_error_logged_once(synth_rc, name, caplog):
+    # the server's model has one class more than the clients' (a project that changed its
+    # model on one side): every client fails alike, so the run stops in round 1 with the
+    # client's message naming the array and both shapes, logged in full once
+    import logging
+
+    from flowerdro.strategies.messaging import DeterministicClientError
+
+    kit = own_pieces_kit(synth_rc, 4)
+    grid = InProcessGrid(kit.client_app(), 4, synth_rc)
+    theirs = initial_arrays(grid, synth_rc, 60).to_torch_state_dict()
+    server = ArrayRecord({k: torch.zeros((v.shape[0] + 1, *v.shape[1:])) for k, v in theirs.items()})
+    weight = next(k for k, v in theirs.items() if v.dim() == 2)
+    shapes = f"{weight}: server {tuple(server[weight].shape)}, model {tuple(theirs[weight].shape)}"
+    strategy = build_strategy(name, {**synth_rc, "max-failed-rounds": 3})
+    caplog.set_level(logging.WARNING, logger="flwr")  # whatever an earlier test left
+    with pytest.raises(DeterministicClientError) as err:
+        strategy.start(grid, server, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
+    assert strategy._round == 1 and not strategy.history
+    assert shapes in str(err.value)
+    assert sum(shapes in r.getMessage() for r in caplog.records) == 1
+
+
 def test_bad_data_gets_an_error_naming_what_was_expected(synth_rc):
     x = np.zeros((8, 20), np.float32)
     with pytest.raises(ValueError, match="expected floating point"):
