@@ -88,7 +88,30 @@ def records_without_wall_time(history: list[dict]) -> list[dict]:
 
 
 @pytest.fixture
-def crash_and_resume(tmp_path, monkeypatch):
+def crash_after(monkeypatch):
+    """``crash(experiment, crash_round)``: run the experiment config and stop it right after
+    round ``crash_round`` was written with its checkpoint, as a crash of the ServerApp would."""
+    from flowerdro.experiments import run
+    from flowerdro.strategies.base import FairStrategy
+
+    def crash(experiment: dict, crash_round: int) -> None:
+        original = FairStrategy._notify
+
+        def crashing(self, event, *args):
+            original(self, event, *args)
+            if event == "on_round" and args[0]["round"] == crash_round:
+                raise _Crash
+
+        monkeypatch.setattr(FairStrategy, "_notify", crashing)
+        with pytest.raises(_Crash):
+            run(experiment, verbose=False)
+        monkeypatch.setattr(FairStrategy, "_notify", original)
+
+    return crash
+
+
+@pytest.fixture
+def crash_and_resume(tmp_path, crash_after):
     """Check that a run cut after a round and resumed equals an uninterrupted run.
 
     Returns ``check(name, experiment, crash_round=2) -> (whole, resumed)``: ``experiment(root)``
@@ -101,21 +124,10 @@ def crash_and_resume(tmp_path, monkeypatch):
     import numpy as np
 
     from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
 
     def check(name: str, experiment, crash_round: int = 2):
         whole = run(experiment(tmp_path / "whole"), verbose=False)
-        original = FairStrategy._notify
-
-        def crashing(self, event, *args):
-            original(self, event, *args)
-            if event == "on_round" and args[0]["round"] == crash_round:
-                raise _Crash
-
-        monkeypatch.setattr(FairStrategy, "_notify", crashing)
-        with pytest.raises(_Crash):
-            run(experiment(tmp_path / "cut"), verbose=False)
-        monkeypatch.setattr(FairStrategy, "_notify", original)
+        crash_after(experiment(tmp_path / "cut"), crash_round)
         resumed = run({**experiment(tmp_path / "cut"), "resume": True}, verbose=False)
 
         assert records_without_wall_time(resumed.histories[name][0]) == records_without_wall_time(

@@ -21,10 +21,6 @@ RUN_CONFIG = {
 }
 
 
-class _Crash(Exception):
-    pass
-
-
 def _experiment(name: str, root) -> dict:
     return {"name": "resume", "num-rounds": 4, "seeds": [0], "num-partitions": 5, "strategies": [name],
             "run-config": dict(RUN_CONFIG), "output-root": str(root),
@@ -36,24 +32,12 @@ def _records(history: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_every_strategy_resumed_after_round_2_equals_the_uninterrupted_run(tmp_path, name, monkeypatch):
+def test_every_strategy_resumed_after_round_2_equals_the_uninterrupted_run(tmp_path, name, crash_after):
     from flowerdro.experiments import run
     from flowerdro.runs import load_records
-    from flowerdro.strategies.base import FairStrategy
 
     whole = run(_experiment(name, tmp_path / "whole"), verbose=False)
-
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == 2:  # round 2's record and checkpoint are written
-            raise _Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(_Crash):
-        run(_experiment(name, tmp_path / "cut"), verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
+    crash_after(_experiment(name, tmp_path / "cut"), 2)  # round 2's record and checkpoint are written
     resumed = run({**_experiment(name, tmp_path / "cut"), "resume": True}, verbose=False)
 
     assert _records(resumed.histories[name][0]) == _records(whole.histories[name][0])

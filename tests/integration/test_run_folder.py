@@ -14,16 +14,11 @@ import pytest
 
 from flowerdro.experiments import run
 from flowerdro.runs import load_records
-from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.checkpoint import CheckpointError, load_checkpoint
 from flowerdro.strategies.files import RunFileError
 from flowerdro.strategies.lock import FolderInUseError, FolderLock
 
 from ..conftest import records_without_wall_time
-
-
-class _Crash(Exception):
-    pass
 
 
 @pytest.fixture(autouse=True)
@@ -46,20 +41,6 @@ def _run_dir(root, name="drfa"):
     return root / "faults" / name / "seed0"
 
 
-def _crash_after(monkeypatch, experiment: dict, crash_round: int) -> None:
-    original = FairStrategy._notify
-
-    def crashing(self, event, *args):
-        original(self, event, *args)
-        if event == "on_round" and args[0]["round"] == crash_round:
-            raise _Crash
-
-    monkeypatch.setattr(FairStrategy, "_notify", crashing)
-    with pytest.raises(_Crash):
-        run(experiment, verbose=False)
-    monkeypatch.setattr(FairStrategy, "_notify", original)
-
-
 def _same_run(a, b, name="drfa") -> None:
     assert records_without_wall_time(a.histories[name][0]) == records_without_wall_time(b.histories[name][0])
     for k in a.final_arrays[name][0].keys():
@@ -67,10 +48,10 @@ def _same_run(a, b, name="drfa") -> None:
 
 
 # --------------------------------------------------------------------------- damaged checkpoints
-def test_a_damaged_latest_checkpoint_is_named_and_the_one_before_it_resumed(tmp_path, monkeypatch, caplog):
+def test_a_damaged_latest_checkpoint_is_named_and_the_one_before_it_resumed(crash_after, tmp_path, caplog):
     whole = run(_experiment(tmp_path / "whole"), verbose=False)
     cut = _experiment(tmp_path / "cut")
-    _crash_after(monkeypatch, cut, 3)
+    crash_after(cut, 3)
     folder = _run_dir(tmp_path / "cut")
     third = folder / "checkpoint_round0003.npz"
     third.write_bytes(third.read_bytes()[:100])  # truncated
@@ -82,9 +63,9 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_one_before_it_resumed(tmp_
     assert [r["round"] for r in load_records(folder)] == [1, 2, 3, 4]
 
 
-def test_a_run_whose_checkpoints_are_all_damaged_fails_naming_every_file(tmp_path, monkeypatch):
+def test_a_run_whose_checkpoints_are_all_damaged_fails_naming_every_file(crash_after, tmp_path):
     cut = _experiment(tmp_path)
-    _crash_after(monkeypatch, cut, 3)
+    crash_after(cut, 3)
     folder = _run_dir(tmp_path)
     (folder / "checkpoint_round0003.npz").write_bytes(b"")
     (folder / "checkpoint_round0002.npz").write_bytes(os.urandom(64))
@@ -98,12 +79,12 @@ def test_a_run_whose_checkpoints_are_all_damaged_fails_naming_every_file(tmp_pat
     FolderLock(folder).acquire()  # and released
 
 
-def test_pickled_checkpoints_are_refused_until_migrated(tmp_path, monkeypatch):
+def test_pickled_checkpoints_are_refused_until_migrated(crash_after, tmp_path):
     from flowerdro.runs.migrate import main as migrate
 
     whole = run(_experiment(tmp_path / "whole"), verbose=False)
     cut = _experiment(tmp_path / "cut")
-    _crash_after(monkeypatch, cut, 2)
+    crash_after(cut, 2)
     folder = _run_dir(tmp_path / "cut")
     for rnd in (1, 2):  # the checkpoints as an older flowerdro pickled them
         npz = folder / f"checkpoint_round{rnd:04d}.npz"
@@ -119,9 +100,9 @@ def test_pickled_checkpoints_are_refused_until_migrated(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the plan on resume
-def test_num_rounds_on_resume_keeps_the_plan_or_extends_it_explicitly(tmp_path, monkeypatch, caplog):
+def test_num_rounds_on_resume_keeps_the_plan_or_extends_it_explicitly(crash_after, tmp_path, caplog):
     cut = _experiment(tmp_path / "cut", name="fedavg")
-    _crash_after(monkeypatch, cut, 2)
+    crash_after(cut, 2)
     folder = _run_dir(tmp_path / "cut", "fedavg")
     for rounds, match in [(1, "num-rounds: 1 is below round 2, which the run in"),
                           (3, "num-rounds: 3 is below the 4 rounds the run in"),
@@ -145,10 +126,10 @@ def test_num_rounds_on_resume_keeps_the_plan_or_extends_it_explicitly(tmp_path, 
             == records_without_wall_time(planned.histories["fedavg"][0]))
 
 
-def test_resume_without_a_checkpoint_says_so_and_starts_afresh(tmp_path, monkeypatch, caplog):
+def test_resume_without_a_checkpoint_says_so_and_starts_afresh(crash_after, tmp_path, caplog):
     whole = run(_experiment(tmp_path / "whole", **{"checkpoint-every": 0}), verbose=False)
     cut = _experiment(tmp_path / "cut", **{"checkpoint-every": 0})
-    _crash_after(monkeypatch, cut, 2)
+    crash_after(cut, 2)
     folder = _run_dir(tmp_path / "cut")
     with caplog.at_level(logging.WARNING):
         resumed = run({**cut, "resume": True}, verbose=False)
@@ -179,8 +160,8 @@ def test_a_second_run_on_a_folder_in_use_is_refused_before_any_message(tmp_path)
         run_lock.release()
 
 
-def test_a_run_that_raised_leaves_its_folders_unlocked(tmp_path, monkeypatch):
-    _crash_after(monkeypatch, _experiment(tmp_path), 2)
+def test_a_run_that_raised_leaves_its_folders_unlocked(crash_after, tmp_path):
+    crash_after(_experiment(tmp_path), 2)
     assert not (_run_dir(tmp_path) / "run.lock.json").exists()
     assert not (tmp_path / "faults" / "comparison.lock.json").exists()
     for lock in (FolderLock(_run_dir(tmp_path)), FolderLock(tmp_path / "faults", name="comparison")):
