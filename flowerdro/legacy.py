@@ -205,7 +205,7 @@ class LegacyStrategy(Strategy):
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The initial model: the names and shapes of a client's model, the values of ``initial_parameters``."""
-        from flowerdro.runs import initial_arrays
+        from flowerdro.strategies import initial_arrays
 
         try:
             named = initial_arrays(self._grid(client_manager), self.run_config, self.timeout)

@@ -399,9 +399,9 @@ def _train_cpu_seconds(cfg: dict[str, Any], repeats: int) -> dict[str, float]:
     fresh grids is reported.
     """
     from flowerdro.apps.client_app import app as client_app
+    from flowerdro.comparison import client_config
     from flowerdro.experiments import InProcessGrid
-    from flowerdro.runs import client_config, initial_arrays
-    from flowerdro.strategies import build_strategy
+    from flowerdro.strategies import build_strategy, initial_arrays
 
     base = dict(cfg.get("run-config", {}))
     n = int(cfg.get("num-partitions", 10))

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.data import DataConfig, load_federated
 from flowerdro.experiments import InProcessGrid
 from flowerdro.experiments.references import chi2_dro_regression_saddle_point
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 
 REPO = Path(__file__).resolve().parents[1]
 

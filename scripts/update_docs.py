@@ -6,7 +6,7 @@ Flower's privacy pieces, from the declarations that tests/integration/test_priva
 checks by running every pair.
 
 Each table sits between ``<!-- keys:NAME -->`` and ``<!-- /keys -->``; NAME is a group of
-:func:`flowerdro.runs.config.settings_groups` (run, loop, clients, data), the name of a
+:func:`flowerdro.strategies.registry.settings_groups` (run, loop, clients, data), the name of a
 registered strategy (its own settings), ``advise`` (the advisor file's ``[advise]`` table) or
 ``knobs`` (every strategy's strength knobs). ``--check`` exits 1 when a table is out of date
 (the test suite runs it), without writing.
@@ -30,9 +30,8 @@ def table(name: str) -> str:
         from flowerdro.privacy import composition_table
 
         return composition_table()
-    from flowerdro.runs.config import settings_groups
     from flowerdro.settings import describe
-    from flowerdro.strategies.registry import ALGORITHMS
+    from flowerdro.strategies.registry import ALGORITHMS, settings_groups
 
     if name == "knobs":
         return knob_table()

@@ -87,8 +87,9 @@ def run_seed(
     The evaluate messages carry ``eval-split = split`` (and so does the run config the
     clients see): ``"validation"`` during the search, ``"test"`` in the verdict.
     """
+    from flowerdro.comparison import client_config
     from flowerdro.experiments.inprocess import InProcessGrid
-    from flowerdro.runs.driver import client_config, initial_arrays
+    from flowerdro.strategies import initial_arrays
     from flowerdro.strategies.registry import build_strategy
 
     rc = {**dict(run_config), "eval-split": split}
@@ -177,7 +178,7 @@ class Search:
                  client_app: ClientApp | None = None, progress: bool | None = None, overwrite: bool = False,
                  figure: str | Path | None = None) -> None:
         from flowerdro.experiments.runner import check_config
-        from flowerdro.runs.config import check_run_config
+        from flowerdro.strategies.registry import check_run_config
 
         self.config = dict(config)
         experiment = {k: v for k, v in self.config.items() if k != "advise"}

@@ -24,10 +24,11 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from flowerdro.comparison import Comparison, Plan, run_plans
 from flowerdro.deploy.grid import PromptGrid
-from flowerdro.runs import Comparison, Plan, RunSettings, run_plans
-from flowerdro.runs.config import check_run_config
+from flowerdro.runs import RunSettings
 from flowerdro.settings import read_settings
+from flowerdro.strategies.registry import check_run_config
 from flowerdro.trackers import ObserverFactory, observer_factories
 
 app = ServerApp()

@@ -38,8 +38,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowerdro.comparison import Comparison, Plan, run_plans
 from flowerdro.experiments.inprocess import Fault, InProcessGrid
-from flowerdro.runs.driver import WATCH_KEYS, Comparison, Plan, RunSettings, run_plans
+from flowerdro.runs import RunSettings
+from flowerdro.runs.settings import WATCH_KEYS
 from flowerdro.settings import read_settings
 from flowerdro.trackers import ObserverFactory, observer_factories
 
@@ -91,7 +93,7 @@ def _validate(config: Mapping[str, Any]) -> None:
         if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
             raise ValueError(f"seeds: expected a list of integers, got {seeds!r}")
     from flowerdro.runs import RunSettings
-    from flowerdro.runs.config import check_run_config
+    from flowerdro.strategies.registry import check_run_config
 
     tables = {"[run-config]": dict(config.get("run-config", {}))}
     tables.update({f"[strategy.{label}]": {k: v for k, v in table.items() if k != "strategy"}

@@ -1,28 +1,20 @@
-"""Running comparisons: the driver the ServerApp and the runner share, tables, the results reader."""
+"""Run folders: their files, lock, checkpoints and what a finished run left (records, tables).
 
-from flowerdro.runs.driver import (
-    Comparison,
-    Plan,
-    RunSettings,
-    client_config,
-    initial_arrays,
-    run_plans,
-)
+Below the strategies: a strategy's :class:`~flowerdro.runs.output.RunWriter` writes its
+folder, and everything here reads or writes files without knowing the algorithms.
+"""
+
 from flowerdro.runs.report import comparison_table, final_summary, first_round_reaching
 from flowerdro.runs.results import load_comparison, load_records, load_settings, run_dirs
+from flowerdro.runs.settings import RunSettings
 
 __all__ = [
-    "Comparison",
-    "Plan",
     "RunSettings",
-    "client_config",
     "comparison_table",
     "final_summary",
     "first_round_reaching",
-    "initial_arrays",
     "load_comparison",
     "load_records",
     "load_settings",
     "run_dirs",
-    "run_plans",
 ]

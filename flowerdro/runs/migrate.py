@@ -1,7 +1,7 @@
 """``python -m flowerdro.runs.migrate DIR [DIR ...]``: convert pickled checkpoints to ``.npz``.
 
 Checkpoints are ``checkpoint_roundNNNN.npz`` files that loading cannot turn into code
-(:mod:`flowerdro.strategies.checkpoint`); a resume refuses pickled checkpoints
+(:mod:`flowerdro.runs.checkpoint`); a resume refuses pickled checkpoints
 (``checkpoint_roundNNNN.pkl``, a Python pickle of the same state dict). This command
 converts them for the folders you name (and the folders below them), **unpickling each
 one**: run it only on checkpoints you wrote yourself, since unpickling a file can run any
@@ -24,6 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from flowerdro.runs.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+from flowerdro.runs.lock import FolderLock
+from flowerdro.runs.output import RunWriter
+
 __all__ = ["main", "migrate_folder"]
 
 
@@ -32,17 +36,12 @@ def migrate_folder(folder: str | Path, *, keep: bool = False) -> list[Path]:
 
     Raises
     ------
-    flowerdro.strategies.lock.FolderInUseError
+    flowerdro.runs.lock.FolderInUseError
         A run holds the folder.
     ValueError
         A pickled checkpoint does not hold a checkpoint, or its ``.npz`` does not read back
         equal (naming the file).
     """
-    import flowerdro.strategies  # noqa: F401  # registers the algorithms' state classes
-    from flowerdro.strategies.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
-    from flowerdro.strategies.lock import FolderLock
-    from flowerdro.strategies.output import RunWriter
-
     folder = Path(folder)
     written: list[Path] = []
     with FolderLock(folder):

@@ -23,7 +23,7 @@ def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "rounds.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"results: no rounds.jsonl in {run_dir}")
-    from flowerdro.strategies.output import expand_record
+    from flowerdro.runs.output import expand_record
 
     return [expand_record(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 

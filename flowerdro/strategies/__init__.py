@@ -17,6 +17,7 @@ from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
+from flowerdro.strategies.messaging import initial_arrays
 from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names, strength_knobs
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
@@ -40,6 +41,7 @@ __all__ = [
     "QFedAvgBaseline",
     "RunFailedError",
     "build_strategy",
+    "initial_arrays",
     "strategy_names",
     "strength_knobs",
 ]

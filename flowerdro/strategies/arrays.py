@@ -1,10 +1,8 @@
-"""Model arrays on the server: Flower ``ArrayRecord`` ↔ numpy, checks, sizes, averages, ``.npz`` files."""
+"""Model arrays on the server: Flower ``ArrayRecord`` ↔ numpy, checks, sizes, averages."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import IO
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -86,14 +84,3 @@ def check_arrays(reference: ArrayRecord, candidate: ArrayRecord) -> str | None:
         if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
             return f"array '{k}' holds NaN or Inf"
     return None
-
-
-def save_arrays(path: str | Path | IO[bytes], arrays: ArrayRecord) -> None:
-    """Save an ArrayRecord as ``.npz`` (one entry per key, key order kept) to a path or an open binary file."""
-    np.savez(path, **{k: arrays[k].numpy() for k in arrays.keys()})
-
-
-def load_arrays(path: str | Path) -> ArrayRecord:
-    """The ArrayRecord saved by :func:`save_arrays`."""
-    with np.load(path) as data:
-        return numpy_to_arrays(list(data.files), [data[k] for k in data.files])

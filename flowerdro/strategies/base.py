@@ -20,7 +20,7 @@ Flower's ``Strategy.start``, a Flower DP wrapper around it, or a user's loop. Wh
 loop lacks is added around those methods: seeded node sampling from the strategy's own
 ``numpy.random.Generator`` (nodes in partition order, so a seed gives the same clients on
 every run), the node ↔ partition map, failure handling, a round record per round
-(``add_observer``: a :class:`~flowerdro.strategies.output.RunWriter` writes the files),
+(``add_observer``: a :class:`~flowerdro.runs.output.RunWriter` writes the files),
 and a run that fails loudly: :class:`RunFailedError` after ``max-failed-rounds`` rounds
 in a row without a valid training reply, or without a single valid evaluation.
 
@@ -48,7 +48,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flowerdro.protocol import CLIPPING_KEY, NUM_EXAMPLES, USER_TRAIN_FN, TrainingSettings
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, average_arrays, numpy_to_arrays  # noqa: F401
-from flowerdro.strategies.checkpoint import ServerState
 from flowerdro.strategies.messaging import (
     Communicator,
     Expected,
@@ -67,6 +66,7 @@ from flowerdro.strategies.records import (
     round_line,
     round_record,
 )
+from flowerdro.strategies.server_state import ServerState
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError", "StopRun"]
 

@@ -68,6 +68,7 @@ from flowerdro.core.gossip import (
 from flowerdro.core.graphs import TOPOLOGIES, GraphSchedule
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MAX_LOG_CAP, MIN_LOG_CAP, log_cap_from_max_weight
 from flowerdro.protocol import NUM_EXAMPLES
+from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
@@ -140,6 +141,7 @@ class DRDSGDSettings(GossipSettings):
         return self.tilt_log_cap
 
 
+@register_state
 @dataclass
 class GossipState:
     """What the relay keeps between iterations (checkpointed by ``server_state``).

@@ -92,6 +92,7 @@ from flowerdro.core.drfa import (
 from flowerdro.core.layers import cast_layer
 from flowerdro.core.simplex import admit_partitions, floor_simplex, lambda_entropy
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
+from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
@@ -161,6 +162,7 @@ class DRFAProxSettings(DRFASettings):
     rho: float = setting(0.1, "ρ, the strength of the regulariser", ge=0, knob=Knob(1e-3, 10.0, "log"))
 
 
+@register_state
 @dataclass
 class DRFAState:
     """Everything DRFA keeps between rounds (checkpointed by the base class).

@@ -28,9 +28,10 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
@@ -39,10 +40,11 @@ from flwr.serverapp import Grid
 
 from flowerdro.deploy.grid import pull_replies
 from flowerdro.protocol import CLIENT_RECORD, NUM_EXAMPLES, PARTITION_ID
+from flowerdro.runs.codec import register_state
 from flowerdro.strategies.arrays import check_arrays, record_bytes
 
 __all__ = ["Communicator", "DeterministicClientError", "Expected", "Failure", "RunFailedError", "metrics_of",
-           "missing_route_hint"]
+           "initial_arrays", "missing_route_hint"]
 
 
 def metrics_of(message: Message) -> MetricRecord:
@@ -61,6 +63,7 @@ def metrics_of(message: Message) -> MetricRecord:
     raise ValueError(f"reply: expected a MetricRecord 'metrics', found {sorted(records) or 'none'}")
 
 
+@register_state
 @dataclass(frozen=True)
 class Failure:
     """A dropped reply: round, phase, node, partition (None if never heard of), kind, full reason."""
@@ -579,3 +582,27 @@ def failed_rounds_reason(failures: Sequence[Failure], server_round: int, rounds:
     """The most frequent reason of the non-evaluation drops of the last ``rounds`` rounds."""
     fails = [f for f in failures if f.phase != "evaluate" and f.round > server_round - rounds]
     return most_frequent_reason(fails) or "unknown"
+
+
+def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) -> ArrayRecord:
+    """Ask a client for the seeded initial model (``query.init``; up to three clients are tried)."""
+    start = time.monotonic()
+    while not (nodes := sorted(grid.get_node_ids())):
+        if time.monotonic() - start > 120:
+            raise RuntimeError("no client node connected within 120 s; cannot get the initial model")
+        time.sleep(1.0)
+    cfg = ConfigRecord({"seed": int(run_config.get("seed", 0))})
+    reasons: list[str] = []
+    for nid in nodes[:3]:
+        msg = Message(content=RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.init")
+        replies = list(grid.send_and_receive([msg], timeout=timeout))
+        for reply in replies:
+            if not reply.has_error() and "arrays" in reply.content.array_records:
+                return reply.content.array_records["arrays"]
+            if reply.has_error():
+                log(WARNING, "query.init failed on node %d: %s", nid, reply.error.reason)
+                reasons.append(str(reply.error.reason))
+        if not replies:
+            reasons.append(f"node {nid} did not answer within {timeout:.0f} s")
+    raise RuntimeError("could not get initial model weights from any client (query.init failed); "
+                       f"first reason: {reasons[0] if reasons else 'no reply'}")

@@ -8,9 +8,9 @@ round loop's (:class:`~flowerdro.strategies.base.LoopSettings`) and the clients'
 (:mod:`flowerdro.protocol`) from one run config; every value is validated where it is
 declared, before any message is sent.
 
-The algorithms' own state dataclasses (``self.state``) are registered here with
-:func:`~flowerdro.strategies.codec.register_state`, so that a checkpoint can hold them and
-rebuild them (:mod:`flowerdro.strategies.checkpoint`).
+Every run-config key flowerdro knows is declared by one settings class
+(:func:`settings_groups`); :func:`check_run_config` refuses the others, naming the
+closest known key.
 """
 
 from __future__ import annotations
@@ -23,17 +23,24 @@ from typing import Any
 from flwr.common import log
 
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.settings import Knob, check_near_misses, knobs, read_settings
+from flowerdro.runs.output import RunWriter
+from flowerdro.runs.settings import RunSettings
+from flowerdro.settings import (
+    Knob,
+    Settings,
+    check_known_keys,
+    check_near_misses,
+    knobs,
+    read_settings,
+)
 from flowerdro.strategies.base import FairStrategy, LoopSettings
 from flowerdro.strategies.baselines import FedAvgBaseline, FedProxBaseline, QFedAvgBaseline
-from flowerdro.strategies.codec import register_state
-from flowerdro.strategies.drdsgd import DRDSGD, DSGD, GossipState
-from flowerdro.strategies.drfa import DRFA, DRFAProx, DRFAState
+from flowerdro.strategies.drdsgd import DRDSGD, DSGD
+from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA, VanillaFedMGDA
 from flowerdro.strategies.fedrobust import FedAvgFGM, FedAvgPGD, FedRobust
-from flowerdro.strategies.output import RunWriter
-from flowerdro.strategies.scaffold import SCAFFOLD, SCAFFOLDState
-from flowerdro.strategies.scaffpd import SCAFFPD, SCAFFPDState
+from flowerdro.strategies.scaffold import SCAFFOLD
+from flowerdro.strategies.scaffpd import SCAFFPD
 
 
 @dataclass(frozen=True)
@@ -81,9 +88,6 @@ ALGORITHMS: dict[str, Algorithm] = {
                                     "proximal_mu": 0.0}),
     "mgda-prox": Algorithm(FedMGDA, ("train.sgd", "query.loss"), summary="FedMGDA+ with proximal local steps"),
 }
-
-# the dataclasses the algorithms above keep in ``self.state`` (the others keep dicts)
-register_state(DRFAState, GossipState, SCAFFOLDState, SCAFFPDState)
 
 #: Keys that Flower's legacy FedAvg examples read, and flowerdro's key for the same setting
 #: (named in the log when a project's run config holds them: flowerdro does not read them).
@@ -139,7 +143,7 @@ def build_strategy(
     key but looks like a misspelt one (``dual_lr``, ``lcoal-steps``, ``num-round``:
     :func:`~flowerdro.settings.near_miss`) is refused, naming the key it looks like;
     ``own_keys`` lists the project's own keys that look like a flowerdro key and must
-    pass. With ``output_dir``, a :class:`~flowerdro.strategies.output.RunWriter` writes the
+    pass. With ``output_dir``, a :class:`~flowerdro.runs.output.RunWriter` writes the
     run's files there (``resume`` / ``overwrite`` / ``extend``: what to do with a folder that
     holds a run; ``run_id``: the Flower run id its folder lock names).
 
@@ -162,8 +166,6 @@ def build_strategy(
     """
     if name not in ALGORITHMS:
         raise ValueError(f"strategy: unknown strategy {name!r}; allowed: {', '.join(strategy_names())}")
-    from flowerdro.runs.config import known_keys  # runs.config reads the registry
-
     known = known_keys()
     check_near_misses(run_config, known, own=own_keys, where="run config")
     if own := sorted(k for k in run_config if k not in known):
@@ -183,6 +185,48 @@ def build_strategy(
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite, extend=extend,
                                         run_id=run_id))
     return strategy
+
+
+# ---------------------------------------------------------------- every key of a run config
+def settings_groups() -> dict[str, list[type[Settings]]]:
+    """The settings classes a run config feeds, by what they configure.
+
+    What to run (:class:`~flowerdro.runs.settings.RunSettings`), the round loop, the
+    clients' local work and model (:mod:`flowerdro.protocol`), the data
+    (:class:`~flowerdro.data.DataConfig`), central DP and each registered algorithm's own
+    settings.
+    """
+    from flowerdro.data.config import DataConfig  # the data's settings, not its loaders
+    from flowerdro.privacy import PrivacySettings
+
+    algorithms: list[type[Settings]] = []
+    for alg in ALGORITHMS.values():
+        if alg.strategy.settings_class not in algorithms:
+            algorithms.append(alg.strategy.settings_class)
+    return {
+        "run": [RunSettings],
+        "loop": [LoopSettings],
+        "clients": [TrainingSettings, NodeSettings],
+        "data": [DataConfig],
+        "privacy": [PrivacySettings],
+        "algorithms": algorithms,
+    }
+
+
+def known_keys() -> set[str]:
+    """Every run-config key some settings class declares."""
+    keys = {k for group in settings_groups().values() for cls in group for k in cls.keys()}
+    return keys | {"seed"}
+
+
+def check_run_config(config: Mapping[str, Any], *, where: str = "run config") -> None:
+    """Refuse keys no settings class knows (naming the closest known key).
+
+    flowerdro's own entry points (the ServerApp, the experiments runner) check;
+    :func:`build_strategy` does not, so a user's own project may keep keys of its own in
+    the run config it passes.
+    """
+    check_known_keys(config, known_keys(), where=where)
 
 
 # ---------------------------------------------------------------- data sets

@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 
 from flowerdro.core.layers import cast_layer, update_mask
 from flowerdro.protocol import PARTITION_ID
+from flowerdro.runs.codec import register_state
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
@@ -68,6 +69,7 @@ class SCAFFOLDSettings(Settings):
                   "aggregation, large N)", choices=("server", "client"))
 
 
+@register_state
 @dataclass
 class SCAFFOLDState:
     """What the server keeps between rounds.

@@ -72,6 +72,7 @@ from flowerdro.core import scaffpd as core
 from flowerdro.core.layers import mean_buffers, update_mask
 from flowerdro.core.simplex import admit_partitions
 from flowerdro.protocol import PARTITION_ID
+from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
@@ -109,6 +110,7 @@ class SCAFFPDSettings(Settings):
                                                "(unset: over those heard in round 1)", ge=1)
 
 
+@register_state
 @dataclass
 class SCAFFPDState:
     """What the server keeps between rounds.

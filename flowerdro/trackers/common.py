@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.common import log
 
+from flowerdro.runs.output import expand_record
 from flowerdro.strategies.base import StopRun  # noqa: F401  # re-exported: observers raise it
-from flowerdro.strategies.output import expand_record
 
 if TYPE_CHECKING:
-    from flowerdro.runs.driver import Comparison, Plan
+    from flowerdro.comparison import Comparison, Plan
     from flowerdro.strategies.base import FairStrategy
 
 __all__ = [
@@ -81,7 +81,7 @@ class Observer:
     """The observer API: subclass it, or write any object with some of these methods.
 
     A strategy calls every observer attached with :meth:`FairStrategy.add_observer`, in
-    the order they were attached (a :class:`~flowerdro.strategies.output.RunWriter`
+    the order they were attached (a :class:`~flowerdro.runs.output.RunWriter`
     first when the strategy writes a run folder). Each method is optional; the base
     class's do nothing.
     """
@@ -185,8 +185,8 @@ def flat_settings(settings: Mapping[str, Any]) -> dict[str, str | int | float | 
 
 
 def run_folder(strategy: FairStrategy) -> Path | None:
-    """The run folder the strategy's :class:`~flowerdro.strategies.output.RunWriter` writes (None without one)."""
-    from flowerdro.strategies.output import RunWriter
+    """The run folder the strategy's :class:`~flowerdro.runs.output.RunWriter` writes (None without one)."""
+    from flowerdro.runs.output import RunWriter
 
     for obs in getattr(strategy, "_observers", ()):  # the strategy's observers, in attach order
         if isinstance(obs, RunWriter):

@@ -29,7 +29,7 @@ from flowerdro.trackers.common import (
 )
 
 if TYPE_CHECKING:
-    from flowerdro.runs.driver import Comparison, Plan
+    from flowerdro.comparison import Comparison, Plan
     from flowerdro.strategies.base import FairStrategy
 
 __all__ = ["QUANTILES", "MLflowComparison", "MLflowTracker", "local_store"]
@@ -145,7 +145,7 @@ class MLflowTracker(Tracker):
         for chunk in _chunks(metrics, _MAX_METRICS):
             self.client.log_batch(self._run(), metrics=chunk)
         if dists:
-            from flowerdro.strategies.output import expand_record
+            from flowerdro.runs.output import expand_record
 
             rec = expand_record(record)
             parts = sorted({int(p) for name in dists for p in rec[name]})

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from flowerdro.trackers.common import ObserverFactory
 
 if TYPE_CHECKING:
-    from flowerdro.runs.driver import RunSettings
+    from flowerdro.runs import RunSettings
 
 __all__ = ["TRACKERS", "load_factory", "observer_factories", "tracker_factories"]
 

@@ -20,7 +20,7 @@ from flowerdro.trackers.common import (
 )
 
 if TYPE_CHECKING:
-    from flowerdro.runs.driver import Comparison, Plan
+    from flowerdro.comparison import Comparison, Plan
     from flowerdro.strategies.base import FairStrategy
 
 __all__ = ["WANDB_MODES", "WandbComparison", "WandbTracker"]

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from flowerdro.deploy.supernode import FLOWER_SERIES
-from flowerdro.strategies.checkpoint import load_checkpoint
+from flowerdro.runs.checkpoint import load_checkpoint
 
 from ._flower import BIN, REPO, flower_env, flwr, free_port, json_out, start, stop, wait_run
 
@@ -259,7 +259,7 @@ def test_a_run_resumed_after_the_superlink_is_killed_equals_an_uninterrupted_run
     # the uninterrupted run: the experiments runner, in this process (a seed's records and
     # model are the same through every path; README, "Two commands")
     from flowerdro.experiments import run
-    from flowerdro.runs.config import settings_groups
+    from flowerdro.strategies.registry import settings_groups
 
     whole = tmp_path / "inprocess" / "whole"
     run_keys = set(settings_groups()["run"][0].keys())

@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flowerdro.clients import ClientKit
+from flowerdro.comparison import client_config
 from flowerdro.experiments import InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy, strategy_names
+from flowerdro.strategies import build_strategy, initial_arrays, strategy_names
 
 FEATURES, CLASSES, BATCH = 8, 3, 16
 #: Training examples per client (4 clients): 3, 4, 5 and 6 batches of 16.

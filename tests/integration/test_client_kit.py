@@ -17,11 +17,11 @@ from torch import nn
 from flowerdro.apps.client_app import app as flowerdro_app
 from flowerdro.clients import ClientKit, add_routes
 from flowerdro.clients.kit import ROUTES, check_state_dict, tensors_of
+from flowerdro.comparison import client_config
 from flowerdro.data import DataConfig, get_client_data
 from flowerdro.experiments import InProcessGrid
 from flowerdro.models import build_model
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy, strategy_names
+from flowerdro.strategies import build_strategy, initial_arrays, strategy_names
 
 #: Keys of a round record that measure the machine, not the algorithm.
 VOLATILE = ("time_s", "server_step_s")

@@ -7,9 +7,9 @@ import pytest
 from flwr.app import ArrayRecord, Message
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.experiments import InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 
 
 class _ShuffledGrid(InProcessGrid):

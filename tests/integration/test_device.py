@@ -21,13 +21,13 @@ from flowerdro.clients import ClientKit
 from flowerdro.clients import kit as kit_module
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import resolve_device
+from flowerdro.comparison import client_config
 from flowerdro.experiments import InProcessGrid
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.legacy import LegacyClientApp
 from flowerdro.protocol import NodeSettings
-from flowerdro.runs import client_config, initial_arrays
 from flowerdro.settings import read_settings
-from flowerdro.strategies import build_strategy, strategy_names
+from flowerdro.strategies import build_strategy, initial_arrays, strategy_names
 
 FEATURES, CLASSES = 8, 3
 

@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import evaluate_model
 from flowerdro.experiments import run
-from flowerdro.runs import initial_arrays
+from flowerdro.strategies import initial_arrays
 
 
 def _cfg(synth_rc: dict, **rc) -> dict:

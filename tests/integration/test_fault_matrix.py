@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.experiments import Fault, InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.registry import ALGORITHMS
 
 RUN_CONFIG = {

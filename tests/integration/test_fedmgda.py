@@ -7,10 +7,10 @@ import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.core.mgda import min_norm_weights
 from flowerdro.experiments import Fault, InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.base import FairStrategy
 
 

@@ -9,10 +9,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.core.affine import shift_norms
 from flowerdro.experiments import Fault, InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.fedrobust import QUERY_AFFINE_STATE, TRAIN_FEDROBUST, FedRobust
 from flowerdro.strategies.messaging import DeterministicClientError
 

@@ -12,10 +12,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import evaluate_model
+from flowerdro.comparison import client_config
 from flowerdro.experiments import Fault, InProcessGrid, run
 from flowerdro.experiments.inprocess import ensure_task_identity
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.base import FairStrategy
 
 

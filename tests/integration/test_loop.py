@@ -10,9 +10,9 @@ from flwr.clientapp import ClientApp
 
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.clients import handlers
+from flowerdro.comparison import client_config
 from flowerdro.experiments import Fault, InProcessGrid
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import RunFailedError, build_strategy
+from flowerdro.strategies import RunFailedError, build_strategy, initial_arrays
 from flowerdro.strategies.messaging import DeterministicClientError
 
 

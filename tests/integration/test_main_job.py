@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 from flowerdro.experiments import run
-from flowerdro.runs.driver import RunSettings
+from flowerdro.runs import RunSettings
 from flowerdro.settings import describe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import Plan, run_plans
 from flowerdro.experiments import Fault, InProcessGrid
-from flowerdro.runs import Plan, run_plans
 from flowerdro.strategies import RunFailedError
 
 

@@ -22,8 +22,7 @@ from flowerdro.apps.client_app import app as client_app
 from flowerdro.experiments import InProcessGrid
 from flowerdro.experiments.inprocess import ensure_task_identity
 from flowerdro.privacy import PrivacyError, central_dp
-from flowerdro.runs import initial_arrays
-from flowerdro.strategies import RunFailedError, build_strategy
+from flowerdro.strategies import RunFailedError, build_strategy, initial_arrays
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

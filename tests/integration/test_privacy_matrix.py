@@ -37,8 +37,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from flowerdro.experiments import InProcessGrid
 from flowerdro.privacy import CENTRAL_DP, LOCAL_DP, SECAGG, PrivacyError, composes
-from flowerdro.runs import initial_arrays
-from flowerdro.strategies import build_strategy, strategy_names
+from flowerdro.strategies import build_strategy, initial_arrays, strategy_names
 from flowerdro.strategies.registry import ALGORITHMS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -14,9 +14,9 @@ import pytest
 
 from flowerdro.experiments import run
 from flowerdro.runs import load_records
-from flowerdro.strategies.checkpoint import CheckpointError, load_checkpoint
-from flowerdro.strategies.files import RunFileError
-from flowerdro.strategies.lock import FolderInUseError, FolderLock
+from flowerdro.runs.checkpoint import CheckpointError, load_checkpoint
+from flowerdro.runs.files import RunFileError
+from flowerdro.runs.lock import FolderInUseError, FolderLock
 
 from ..conftest import records_without_wall_time
 
@@ -171,7 +171,7 @@ def test_a_run_that_raised_leaves_its_folders_unlocked(crash_after, tmp_path):
 
 # --------------------------------------------------------------------------- a full disk
 def test_a_full_disk_fails_the_run_naming_the_checkpoint_and_a_resume_completes(tmp_path, monkeypatch):
-    import flowerdro.strategies.files as files
+    import flowerdro.runs.files as files
 
     whole = run(_experiment(tmp_path / "whole"), verbose=False)
     cut = _experiment(tmp_path / "cut")

@@ -8,12 +8,12 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from flowerdro.apps.client_app import app as client_app
+from flowerdro.comparison import client_config
 from flowerdro.core.simplex import project_simplex
 from flowerdro.data import DataConfig, load_federated
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.experiments.references import chi2_dro_regression_saddle_point
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import SCAFFPD, build_strategy
+from flowerdro.strategies import SCAFFPD, build_strategy, initial_arrays
 
 cp = pytest.importorskip("cvxpy")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import flowerdro.strategies  # noqa: F401  # registers the algorithms' state classes
-from flowerdro.strategies.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from flowerdro.strategies.codec import CodecError, decode, encode, register_state
+from flowerdro.runs.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from flowerdro.runs.codec import CodecError, decode, encode, register_state
 from flowerdro.strategies.drfa import DRFAState
 from flowerdro.strategies.messaging import Failure
 from flowerdro.strategies.scaffpd import SCAFFPDState
@@ -97,7 +97,7 @@ def test_the_file_is_an_npz_of_plain_arrays_and_json(tmp_path):
 def test_a_failed_write_leaves_no_temporary_file_and_the_old_checkpoint(tmp_path, monkeypatch):
     import errno
 
-    import flowerdro.strategies.files as files
+    import flowerdro.runs.files as files
 
     path = save_checkpoint(tmp_path / "checkpoint_round0003.npz", _state())
 

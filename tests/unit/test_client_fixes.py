@@ -94,9 +94,9 @@ def test_adversarial_training_on_regression_attacks_the_mse(kind):
 
 def _fedmgda_run(rc: dict, rounds: int):
     from flowerdro.apps.client_app import app
+    from flowerdro.comparison import client_config
     from flowerdro.experiments import InProcessGrid
-    from flowerdro.runs import client_config, initial_arrays
-    from flowerdro.strategies import build_strategy
+    from flowerdro.strategies import build_strategy, initial_arrays
 
     grid = InProcessGrid(app, 5, rc)
     strategy = build_strategy("fedmgda+", rc)
@@ -141,8 +141,9 @@ def _attacked_train(rc: dict, attack: str, steps: int, scale: float):
 
     from flowerdro.apps.client_app import app
     from flowerdro.clients.handlers import get_runtime
+    from flowerdro.comparison import client_config
     from flowerdro.experiments import InProcessGrid
-    from flowerdro.runs import client_config, initial_arrays
+    from flowerdro.strategies import initial_arrays
 
     rc = {**rc, "local-steps": steps, "malicious-ids": "0", "attack": attack, "attack-scale": scale}
     grid = InProcessGrid(app, 1, rc)

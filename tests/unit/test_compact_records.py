@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
+from flowerdro.runs.output import COMPACT_MIN, compact_record, expand_record, record_line
 from flowerdro.runs.results import load_records
-from flowerdro.strategies.output import COMPACT_MIN, compact_record, expand_record, record_line
 
 
 def _record(n: int, ids=None) -> dict:

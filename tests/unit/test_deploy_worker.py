@@ -15,10 +15,10 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flowerdro.clients.routes import handler
+from flowerdro.comparison import client_config
 from flowerdro.deploy import worker as w
 from flowerdro.deploy.supernode import FLOWER_SERIES
 from flowerdro.experiments.inprocess import ensure_task_identity
-from flowerdro.runs.driver import client_config
 
 ensure_task_identity()
 

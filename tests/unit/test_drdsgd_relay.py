@@ -16,10 +16,10 @@ from flowerdro.apps.client_app import app as client_app
 from flowerdro.clients.drdsgd import drdsgd_generator, drdsgd_local_step
 from flowerdro.clients.handlers import get_runtime
 from flowerdro.clients.training import LocalData, minibatches
+from flowerdro.comparison import client_config
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.experiments.inprocess import ensure_task_identity
-from flowerdro.runs import client_config, initial_arrays
-from flowerdro.strategies import build_strategy
+from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flowerdro.experiments.runner import plans_of
-from flowerdro.runs.config import check_run_config
+from flowerdro.strategies.registry import check_run_config
 
 BASE = {"name": "t", "strategies": ["fedavg"], "run-config": {"dataset": "synthetic", "lr": 0.1}}
 
@@ -41,8 +41,8 @@ def test_pyprojects_default_run_config_holds_only_known_keys_with_valid_values()
     import tomllib
     from pathlib import Path
 
-    from flowerdro.runs.config import settings_groups
     from flowerdro.settings import read_settings
+    from flowerdro.strategies.registry import settings_groups
 
     config = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     run_config = config["tool"]["flwr"]["app"]["config"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flowerdro.strategies.files import RunFileError, append_text
-from flowerdro.strategies.lock import FolderInUseError, FolderLock
+from flowerdro.runs.files import RunFileError, append_text
+from flowerdro.runs.lock import FolderInUseError, FolderLock
 
 
 def test_a_second_holder_is_refused_naming_the_folder_and_the_holder(tmp_path):
@@ -93,7 +93,7 @@ def test_a_permission_error_names_the_file_and_leaves_the_old_one(tmp_path, monk
     # root writes into read-only folders, so the refusal is simulated where the file is created
     import tempfile
 
-    from flowerdro.strategies.files import write_atomic
+    from flowerdro.runs.files import write_atomic
 
     target = tmp_path / "settings.json"
     target.write_text("{}")

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import pytest
 
 from flowerdro.protocol import NodeSettings, TrainingSettings
-from flowerdro.runs.config import known_keys
 from flowerdro.settings import (
     Settings,
     _osa_distance,
@@ -19,6 +18,7 @@ from flowerdro.settings import (
     setting,
 )
 from flowerdro.strategies.base import LoopSettings
+from flowerdro.strategies.registry import known_keys
 
 
 @dataclass(frozen=True)

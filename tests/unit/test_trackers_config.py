@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from flowerdro.runs import RunSettings
-from flowerdro.runs.config import check_run_config
+from flowerdro.runs.output import compact_record
 from flowerdro.settings import read_settings
-from flowerdro.strategies.output import compact_record
+from flowerdro.strategies.registry import check_run_config
 from flowerdro.trackers import client_distributions, flat_settings, load_factory, round_scalars
 
 #: A DRFA-like round record, written out by hand.
@@ -90,3 +90,11 @@ def test_an_observer_import_path_gives_the_factory():
 
     assert load_factory("json:dumps") is json.dumps
     assert read_settings(RunSettings, {"observers": "a.b:c, d:e"}).observers == ("a.b:c", "d:e")
+
+
+def test_the_run_settings_offer_exactly_the_trackers_and_wandb_modes_there_are():
+    from flowerdro import trackers
+    from flowerdro.runs import settings
+
+    assert settings.TRACKERS == trackers.TRACKERS
+    assert settings.WANDB_MODES == trackers.WANDB_MODES

@@ -4,7 +4,7 @@
 writes, under its folder: ``settings.json`` at the start (the settings and the planned
 ``num_rounds``), one JSON line per round in ``rounds.jsonl``, a checkpoint of the whole
 server state every ``checkpoint-every`` rounds (``checkpoint_roundNNNN.npz``, the format
-of :mod:`flowerdro.strategies.checkpoint`; the latest two are kept), and at the end
+of :mod:`flowerdro.runs.checkpoint`; the latest two are kept), and at the end
 ``final_model.npz`` and ``progress.png``. A strategy without a writer writes nothing.
 
 Rules of the folder:
@@ -22,7 +22,7 @@ Rules of the folder:
   than the plan are refused, more only with ``extend`` (logged, and recorded under
   ``extensions`` in ``settings.json``).
 * **Errors name their file.** Every file is written atomically or appended with a
-  cut-back on failure (:mod:`flowerdro.strategies.files`); a full disk or a missing
+  cut-back on failure (:mod:`flowerdro.runs.files`); a full disk or a missing
   permission fails the run with the path, and no temporary file stays behind.
 """
 
@@ -38,15 +38,14 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common import log
 
-from flowerdro.strategies.arrays import save_arrays
-from flowerdro.strategies.checkpoint import (
+from flowerdro.runs.checkpoint import (
     CheckpointError,
     checkpoint_name,
     load_checkpoint,
     save_checkpoint,
 )
-from flowerdro.strategies.files import RunFileError, append_text, write_atomic
-from flowerdro.strategies.lock import FolderLock
+from flowerdro.runs.files import RunFileError, append_text, save_arrays, write_atomic
+from flowerdro.runs.lock import FolderLock
 
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
@@ -295,7 +294,7 @@ class RunWriter:
 
         Raises
         ------
-        flowerdro.strategies.files.RunFileError
+        flowerdro.runs.files.RunFileError
             The checkpoint could not be written (the path is named; the older checkpoints stay).
         """
         path = save_checkpoint(self.output_dir / checkpoint_name(server_round), state)

@@ -28,7 +28,7 @@ from typing import IO, Any
 import filelock
 from flwr.common import log
 
-from flowerdro.strategies.files import RunFileError, write_atomic
+from flowerdro.runs.files import RunFileError, write_atomic
 
 __all__ = ["FolderInUseError", "FolderLock", "describe_holder"]
 
@@ -93,7 +93,7 @@ class FolderLock:
         ------
         FolderInUseError
             Another run holds it (the message names the folder and the holder).
-        flowerdro.strategies.files.RunFileError
+        flowerdro.runs.files.RunFileError
             The folder or the lock file cannot be created or written (naming the path).
         """
         if self._lock is not None:

@@ -1,12 +1,13 @@
-"""What a strategy's server holds between rounds (:class:`ServerState`), and its file format.
+"""The file format of a checkpoint: a strategy's server state in one ``.npz`` that loading cannot run.
 
-A checkpoint is a plain dict (:meth:`ServerState.server_state`); ``start(resume=checkpoint)``
+A checkpoint is a plain dict (:meth:`FairStrategy.server_state
+<flowerdro.strategies.base.FairStrategy.server_state>`); ``start(resume=checkpoint)``
 continues the run after it, so the rounds that follow are those of an uninterrupted run.
 :func:`save_checkpoint` writes it as one ``.npz`` file that loading cannot turn into code:
 
 * ``meta``: UTF-8 JSON ``{"format": "flowerdro-checkpoint", "version": 1, "round": r,
   "state": tree}``, where ``tree`` is the dict in the typed JSON of
-  :mod:`flowerdro.strategies.codec` (int keys, tuples, numpy scalars and the algorithms'
+  :mod:`flowerdro.runs.codec` (int keys, tuples, numpy scalars and the algorithms'
   registered state dataclasses kept exactly);
 * ``a0``, ``a1``, …: the numpy arrays and scalars the tree refers to, in their dtypes;
 * ``sha256``: the SHA-256 of the payload (``meta``, then each array's name, dtype,
@@ -21,7 +22,6 @@ unpickled here; ``python -m flowerdro.runs.migrate DIR`` converts a folder of on
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -31,20 +31,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from flwr.app import ArrayRecord
 
-from flowerdro.strategies.arrays import numpy_to_arrays
-from flowerdro.strategies.codec import decode, encode, register_state
-from flowerdro.strategies.files import write_atomic
-from flowerdro.strategies.messaging import Failure
+from flowerdro.runs.codec import decode, encode
+from flowerdro.runs.files import write_atomic
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerState", "checkpoint_name", "load_checkpoint",
-           "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "checkpoint_name", "load_checkpoint", "save_checkpoint"]
 
 #: The ``format`` and ``version`` a checkpoint's ``meta`` carries.
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "flowerdro-checkpoint", 1
-
-register_state(Failure)
 
 _ARRAY = re.compile(r"a\d+")
 
@@ -63,9 +57,9 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
 
     Raises
     ------
-    flowerdro.strategies.codec.CodecError
+    flowerdro.runs.codec.CodecError
         ``state`` holds a value without an exact form (naming where).
-    flowerdro.strategies.files.RunFileError
+    flowerdro.runs.files.RunFileError
         The file could not be written (full disk, permissions; the path is named and no
         temporary file is left).
     """
@@ -155,54 +149,3 @@ def _digest(meta: bytes, arrays: Mapping[str, np.ndarray]) -> str:
         h.update(f"\0{name}\0{arr.dtype.str}\0{arr.shape}\0".encode())
         h.update(arr.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
-
-
-class ServerState:
-    """Checkpoint and restore of a :class:`~flowerdro.strategies.base.FairStrategy`'s server.
-
-    Uses the strategy's ``current_arrays``, ``rng``, ``comm`` (node ↔ partition map,
-    failures), ``results``, ``history`` and the algorithm's own ``state``.
-    """
-
-    current_arrays: ArrayRecord | None
-    _round: int
-
-    def server_state(self) -> dict[str, Any]:
-        """Everything the server needs to continue the run after the current round.
-
-        The global model, the round counter, the generator's state, the node ↔ partition
-        map, the failures, the latest per-client results, the history so far and the
-        algorithm's own state (``self.state``: λ, control variates, device models, step
-        schedules, … whatever the strategy keeps between rounds).
-        """
-        arrays = self.current_arrays
-        return {
-            "round": self._round,
-            "arrays": None if arrays is None else {k: arrays[k].numpy() for k in arrays.keys()},
-            "rng": self.rng.bit_generator.state,
-            "node_to_partition": dict(self.comm.node_to_partition),
-            "partitions_seen": sorted(self.comm.partitions_seen),
-            "failures": list(self.comm.failures),
-            "results": {p: dict(v) for p, v in self.results.latest.items()},
-            "history": list(self.history),
-            "failed_in_row": getattr(self, "_failed_in_row", 0),
-            "eval_failed_in_row": getattr(self, "_eval_failed_in_row", 0),
-            "refused": {str(n): [p, h, r] for n, (p, h, r) in self.comm.refused.items()},
-            "state": copy.deepcopy(getattr(self, "state", None)),
-        }
-
-    def restore(self, checkpoint: Mapping[str, Any]) -> ArrayRecord:
-        """Put the server back in the state of ``checkpoint``; returns the global model."""
-        self._round = int(checkpoint["round"])
-        self.comm.refused.update({int(n): (p, h, r) for n, (p, h, r) in checkpoint.get("refused", {}).items()})
-        self.rng.bit_generator.state = checkpoint["rng"]
-        # what the nodes connected now said of themselves wins over the checkpoint's map
-        self.comm.node_to_partition = {**dict(checkpoint["node_to_partition"]), **self.comm.node_to_partition}
-        self.comm.partitions_seen = set(checkpoint["partitions_seen"])
-        self.comm.failures = list(checkpoint["failures"])
-        self.results.latest = {int(p): dict(v) for p, v in checkpoint["results"].items()}
-        self.history = list(checkpoint["history"])
-        if checkpoint.get("state") is not None:
-            self.state = copy.deepcopy(checkpoint["state"])
-        self.current_arrays = numpy_to_arrays(list(checkpoint["arrays"]), list(checkpoint["arrays"].values()))
-        return self.current_arrays

@@ -7,10 +7,10 @@ client (``query.init``: the server never loads data), runs the strategies one af
 another, and writes ``summary.json``, ``table.md`` and the comparison figure.
 
 Before any message, :func:`run_plans` takes the lock of the comparison's folder
-(``comparison.lock``) and of every run folder (``run.lock``, :class:`~flowerdro.strategies.lock.FolderLock`),
+(``comparison.lock``) and of every run folder (``run.lock``, :class:`~flowerdro.runs.lock.FolderLock`),
 so a second comparison on the same folders is refused at once naming the holder, and
 with ``resume`` it loads and checks every run's checkpoint and plan
-(:meth:`~flowerdro.strategies.output.RunWriter.resume_checkpoint`); the locks are
+(:meth:`~flowerdro.runs.output.RunWriter.resume_checkpoint`); the locks are
 released when it returns or raises.
 """
 
@@ -25,68 +25,24 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from flowerdro.privacy import PrivacySettings, dp_from_run_config
+from flowerdro.runs.files import load_arrays
+from flowerdro.runs.lock import FolderLock
+from flowerdro.runs.output import RunWriter
 from flowerdro.runs.report import comparison_table, final_summary
-from flowerdro.settings import Settings, read_settings, setting
-from flowerdro.strategies import build_strategy
-from flowerdro.strategies.base import FairStrategy, RunFailedError
-from flowerdro.strategies.lock import FolderLock
-from flowerdro.strategies.output import RunWriter
+from flowerdro.runs.results import load_records
+from flowerdro.settings import read_settings
+from flowerdro.strategies import FairStrategy, RunFailedError, build_strategy, initial_arrays
 from flowerdro.trackers.common import ObserverFactory
-from flowerdro.trackers.setup import TRACKERS
-from flowerdro.trackers.wandb_tracker import WANDB_MODES
 
-__all__ = ["WATCH_KEYS", "Comparison", "Plan", "RunSettings", "client_config", "initial_arrays", "run_plans"]
+__all__ = ["Comparison", "Plan", "client_config", "run_plans"]
 
 #: Run-config keys forwarded to the clients in every training message's config.
 CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
-
-
-@dataclass(frozen=True)
-class RunSettings(Settings):
-    """What the ServerApp runs: which strategies, how many rounds, where results go, what watches them."""
-
-    strategies: tuple[str, ...] = setting(("fedavg",), "strategies to compare, one after another "
-                                                       "(comma-separated names)")
-    num_rounds: int = setting(10, "communication rounds per strategy", ge=1)
-    round_timeout: float = setting(600.0, "seconds to wait for the replies of one exchange", gt=0)
-    output_dir: str = setting("results/flwr-run", "where the results go (one folder per strategy)")
-    resume: bool = setting(False, "continue the runs in output-dir from their latest checkpoints "
-                                  "(finished runs are kept as they are)")
-    overwrite: bool = setting(False, "replace another run's files in output-dir instead of refusing")
-    extend: bool = setting(False, "with resume: let num-rounds go beyond the rounds the runs were planned "
-                                  "for (the runs are extended; settings.json records it)")
-    tracker: tuple[str, ...] = setting((), "trackers that log every run (comma-separated; empty: none)",
-                                       choices=TRACKERS)
-    tracker_dir: str = setting("results/trackers", "where the trackers write: tensorboard/, mlflow.db with "
-                                                   "mlflow-artifacts/, wandb/")
-    tracker_experiment: str = setting("", "the comparison's name in the trackers: MLflow experiment, W&B group, "
-                                          "TensorBoard folder (empty: the experiment file's name; flwr-run "
-                                          "for the ServerApp)")
-    tracker_project: str = setting("flowerdro", "the W&B project")
-    mlflow_tracking_uri: str = setting("", "where MLflow keeps the runs: a database URI or a tracking server's "
-                                           "URL (empty: the SQLite database mlflow.db in tracker-dir)")
-    wandb_mode: str = setting("offline", "offline: W&B writes files for wandb sync; online: it streams to "
-                                         "the W&B server", choices=WANDB_MODES)
-    observers: tuple[str, ...] = setting((), "observer factories by import path (comma-separated "
-                                             "package.module:function), each called once per run with its Plan")
-
-    def check(self) -> None:
-        """Each tracker once; a folder for the trackers' files."""
-        for key, values in (("tracker", self.tracker), ("observers", self.observers)):
-            if len(set(values)) != len(values):
-                raise ValueError(f"{key}: names an entry twice: {','.join(values)}")
-        if self.tracker and not self.tracker_dir.strip():
-            raise ValueError("tracker-dir: must name a folder when tracker is set")
-
-
-#: The run-config keys of :class:`RunSettings` that choose what watches the runs.
-WATCH_KEYS = ("tracker", "tracker-dir", "tracker-experiment", "tracker-project", "mlflow-tracking-uri",
-              "wandb-mode", "observers")
 
 
 @dataclass
@@ -123,30 +79,6 @@ class Comparison:
 def client_config(run_config: Mapping[str, Any]) -> ConfigRecord:
     """The client hyper-parameters of the run config, as sent in every training message."""
     return ConfigRecord({k: run_config[k] for k in CLIENT_KEYS if k in run_config and run_config[k] != ""})
-
-
-def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) -> ArrayRecord:
-    """Ask a client for the seeded initial model (``query.init``; up to three clients are tried)."""
-    start = time.monotonic()
-    while not (nodes := sorted(grid.get_node_ids())):
-        if time.monotonic() - start > 120:
-            raise RuntimeError("no client node connected within 120 s; cannot get the initial model")
-        time.sleep(1.0)
-    cfg = ConfigRecord({"seed": int(run_config.get("seed", 0))})
-    reasons: list[str] = []
-    for nid in nodes[:3]:
-        msg = Message(content=RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.init")
-        replies = list(grid.send_and_receive([msg], timeout=timeout))
-        for reply in replies:
-            if not reply.has_error() and "arrays" in reply.content.array_records:
-                return reply.content.array_records["arrays"]
-            if reply.has_error():
-                log(WARNING, "query.init failed on node %d: %s", nid, reply.error.reason)
-                reasons.append(str(reply.error.reason))
-        if not replies:
-            reasons.append(f"node {nid} did not answer within {timeout:.0f} s")
-    raise RuntimeError("could not get initial model weights from any client (query.init failed); "
-                       f"first reason: {reasons[0] if reasons else 'no reply'}")
 
 
 def run_plans(
@@ -191,9 +123,9 @@ def run_plans(
 
     Raises
     ------
-    flowerdro.strategies.lock.FolderInUseError
+    flowerdro.runs.lock.FolderInUseError
         Another run holds the lock of ``out_dir`` or of a plan's folder (before any message).
-    flowerdro.strategies.checkpoint.CheckpointError
+    flowerdro.runs.checkpoint.CheckpointError
         With ``resume``: a run folder holds only damaged checkpoints, or pickled ones.
     ValueError
         With ``resume``: ``num_rounds`` breaks a run's plan (before any message).
@@ -320,9 +252,6 @@ def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: Arra
 
 def _finished(run_dir: Path, num_rounds: int) -> tuple[list[dict[str, Any]], ArrayRecord] | None:
     """The records and final model of a run in ``run_dir`` that reached ``num_rounds`` (else None)."""
-    from flowerdro.runs.results import load_records
-    from flowerdro.strategies.arrays import load_arrays
-
     if not (run_dir / "final_model.npz").is_file() or not (run_dir / "rounds.jsonl").is_file():
         return None
     records = load_records(run_dir)

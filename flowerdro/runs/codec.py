@@ -54,12 +54,12 @@ class CodecError(ValueError):
     """A value that cannot be written, or a tree that cannot be read, exactly."""
 
 
-def register_state(*classes: type) -> None:
-    """Allow instances of the dataclasses ``classes`` in a checkpoint.
+def register_state(*classes: type) -> type | None:
+    """Allow instances of the dataclasses ``classes`` in a checkpoint (also a class decorator).
 
     A strategy whose ``self.state`` (or anything inside it) is a dataclass registers
-    that class once, next to its definition or where the strategy is registered
-    (:mod:`flowerdro.strategies.registry` does it for flowerdro's own). The class is
+    that class once, next to its definition (``@register_state`` above ``@dataclass``,
+    as flowerdro's own algorithms do), so that importing the class registers it. The class is
     found again by its ``__name__``, which must therefore be unique among the registered
     classes.
 
@@ -76,6 +76,7 @@ def register_state(*classes: type) -> None:
             raise TypeError(f"register_state: {cls.__module__}.{cls.__qualname__} has the name of the "
                             f"registered {known.__module__}.{known.__qualname__}; rename one of them")
         _STATES[cls.__name__] = cls
+    return classes[0] if len(classes) == 1 else None
 
 
 def registered_states() -> dict[str, type]:
@@ -145,7 +146,7 @@ def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
         cls = type(value)
         if _STATES.get(cls.__name__) is not cls:
             raise CodecError(f"{where}: {cls.__module__}.{cls.__qualname__} is not a registered state class; "
-                             "register it with flowerdro.strategies.codec.register_state")
+                             "register it with flowerdro.runs.codec.register_state")
         names = [f.name for f in dataclasses.fields(value)]
         extra = sorted(set(getattr(value, "__dict__", {})) - set(names))
         if extra:

@@ -17,7 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["RunFileError", "append_text", "write_atomic"]
+import numpy as np
+from flwr.app import ArrayRecord
+
+from flowerdro.buffers import to_array
+
+__all__ = ["RunFileError", "append_text", "load_arrays", "save_arrays", "write_atomic"]
 
 # The process's umask, read once: mkstemp creates files readable by their owner only, and
 # a run's files get the permissions a plain open() would give them. (umask can only be
@@ -101,3 +106,14 @@ def append_text(path: str | Path, text: str, what: str) -> None:
             with contextlib.suppress(OSError):
                 os.truncate(path, size)
         raise RunFileError(what, path, exc, action="append") from exc
+
+
+def save_arrays(path: str | Path | IO[bytes], arrays: ArrayRecord) -> None:
+    """Save an ArrayRecord as ``.npz`` (one entry per key, key order kept) to a path or an open binary file."""
+    np.savez(path, **{k: arrays[k].numpy() for k in arrays.keys()})
+
+
+def load_arrays(path: str | Path) -> ArrayRecord:
+    """The ArrayRecord saved by :func:`save_arrays`."""
+    with np.load(path) as data:
+        return ArrayRecord({k: to_array(data[k]) for k in data.files})
