@@ -9,7 +9,7 @@ optional ``[advise]`` table (:class:`AdviseSettings`) and optional knob ranges::
     trials = 30
     seeds = [0, 1]                                 # every trial runs these seeds
     budget = "30 min"                              # or "20000 client-rounds"
-    references = ["scaffpd"]                       # run beside the recommendation in the verdict
+    references = ["scaffpd"]                       # run beside the candidate in the verdict
 
     [advise.knobs.drfa]                            # narrower ranges, or a number to fix a knob
     dual-lr = [1e-3, 1.0]
@@ -84,7 +84,7 @@ class AdviseSettings(Settings):
     sampler_seed: int = setting(0, "seed of the TPE sampler", ge=0)
     storage: str = setting("", "Optuna storage URL (unset: sqlite:///<output>/study.db, so a stopped search "
                                "resumes)")
-    references: tuple[str, ...] = setting((), "labels run beside the recommendation in the verdict with the "
+    references: tuple[str, ...] = setting((), "labels run beside the candidate in the verdict with the "
                                               "file's own settings (e.g. the hand-tuned best)")
     significance: float = setting(0.05, "level of the two-sided Welch t-test that decides \"beyond seed "
                                         "noise\"", gt=0, lt=1)
