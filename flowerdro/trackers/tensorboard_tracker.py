@@ -172,7 +172,8 @@ class TensorBoardComparison:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        with SummaryWriter(str(self.root / self.name / "comparison")) as writer:
+        # purge_step 0: a rerun's figure and table replace the earlier ones
+        with SummaryWriter(str(self.root / self.name / "comparison"), purge_step=0) as writer:
             for path in figures:
                 writer.add_image(f"figures/{path.stem}", _image(path), 0, dataformats="HWC")
             if comparison.table:
