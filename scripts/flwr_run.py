@@ -10,7 +10,11 @@ and exits 0 even when the ServerApp fails. This wrapper:
 2. submits the run (``--format json``) and streams its log until it ends;
 3. reads the final status with ``flwr ls --run-id ID --format json`` and exits 1 unless the
    run finished successfully;
-4. stops the local SuperLink if this script started it.
+4. stops the local SuperLink if this script started it;
+5. prints where the results and the tracker files are: for this repository's app it passes
+   an absolute ``output-dir`` (``results/flwr-run``; the trackers write into its
+   ``trackers/``), since relative paths land in the working folder of the local SuperLink
+   (the folder ``flwr run`` first started it in).
 
 Each simulated client gets one CPU (``client-resources-num-cpus=1``, so one Ray actor per
 core) unless ``--federation-config`` says otherwise.
@@ -83,6 +87,34 @@ def _json_from(text: str) -> dict:
     return json.loads(text[start:])
 
 
+def _overrides(run_config: str) -> dict[str, object]:
+    """The ``k=v`` items of a ``--run-config`` string (values read as TOML, as Flower does)."""
+    import shlex
+    import tomllib
+
+    out: dict[str, object] = {}
+    for item in shlex.split(run_config):
+        key, sep, value = item.partition("=")
+        if not sep:
+            continue
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value.strip("'\"")
+    return out
+
+
+def _where(overrides: dict[str, object], ours: bool) -> str:
+    """Where the ServerApp wrote the results and the tracker files."""
+    out = str(overrides.get("output-dir", "results/flwr-run" if ours else ""))
+    trackers = str(overrides.get("tracker-dir", "")) or (f"{out}/trackers" if out else "")
+    if out and Path(out).is_absolute() and (not trackers or Path(trackers).is_absolute()):
+        return f"results in {out}; tracker files (when tracker is set) in {trackers}"
+    return ("results and tracker files in the app's output-dir / tracker-dir, relative to the working folder "
+            "of the local SuperLink (the folder `flwr run` first started it in; see the run's log line "
+            "'results: ...' for the absolute path); pass absolute paths in --run-config to choose")
+
+
 def main() -> int:
     """Entry point."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,11 +162,10 @@ def main() -> int:
         fed += " " + args.federation_config
     cmd = [flwr, "run", args.app, "--format", "json", "--federation-config", fed]
     run_config = args.run_config
-    if Path(args.app).resolve() == ROOT:
-        # The ServerApp runs in another working directory; give it absolute paths.
-        for key, path in (("output-dir", ROOT / "results" / "flwr-run"), ("tracker-dir", ROOT / "results" / "trackers")):
-            if key not in run_config:
-                run_config = (run_config + f" {key}='{path}'").strip()
+    if Path(args.app).resolve() == ROOT and "output-dir" not in _overrides(run_config):
+        # The ServerApp runs in the local SuperLink's working folder; give it an absolute path
+        # (the trackers' files follow it into <output-dir>/trackers unless tracker-dir is set).
+        run_config = (run_config + f" output-dir='{ROOT / 'results' / 'flwr-run'}'").strip()
     if args.overwrite:
         run_config += " overwrite=true"
     cmd += ["--run-config", run_config]
@@ -176,6 +207,7 @@ def main() -> int:
             details = _details(flwr, run_id, env)
             print(f"flwr_run: run {run_id} failed: {details}", file=sys.stderr)
         print(f"flwr_run: run {run_id} status: {status}", flush=True)
+        print(f"flwr_run: {_where(_overrides(run_config), Path(args.app).resolve() == ROOT)}", flush=True)
         code = 0 if status == "finished:completed" else 1
     finally:
         if not args.keep_superlink:

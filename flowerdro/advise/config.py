@@ -9,7 +9,7 @@ optional ``[advise]`` table (:class:`AdviseSettings`) and optional knob ranges::
     trials = 30
     seeds = [0, 1]                                 # every trial runs these seeds
     budget = "30 min"                              # or "20000 client-rounds"
-    references = ["scaffpd"]                       # run beside the recommendation in the verdict
+    references = ["scaffpd"]                       # run beside the candidate in the verdict
 
     [advise.knobs.drfa]                            # narrower ranges, or a number to fix a knob
     dual-lr = [1e-3, 1.0]
@@ -68,20 +68,23 @@ class AdviseSettings(Settings):
     validation_fraction: float = setting(0.2, "share of each client's training data held out for validation "
                                               "(0: the clients bring their own, a ClientKit with "
                                               "(train, validation, test) data)", ge=0, lt=1)
-    budget: str = setting("", "stop starting trials once this is spent: wall time (\"30 min\", \"2 h\", "
-                              "\"90 s\") or \"N client-rounds\" (rounds × clients, all runs); unset: trials only")
-    pruner: str = setting("hyperband", "stop unpromising trials early, over rounds (Optuna's pruners)",
+    budget: str = setting("", "what the whole search may spend, the reference, the trials and the verdict: "
+                              "wall time (\"30 min\", \"2 h\", \"90 s\") or \"N client-rounds\" (rounds × "
+                              "clients, all runs); a trial starts only while it and the verdict still fit; unset: "
+                              "trials only")
+    pruner: str = setting("hyperband", "stop unpromising trials early, over rounds, against the trials of the "
+                                       "same strategy (each candidate's first two trials run to their end)",
                           choices=PRUNERS)
     pruner_min_rounds: int | None = setting(None, "rounds a trial runs before it can be stopped (unset: a "
                                                   "quarter of num-rounds)", ge=1)
     pruner_reduction: int = setting(3, "reduction factor η of the pruner: about 1/η of the trials go on at "
                                        "each rung", ge=2)
-    startup_trials: int = setting(10, "trials drawn at random (after the starting points) before TPE models "
+    startup_trials: int = setting(10, "trials drawn at random (after the guaranteed ones) before TPE models "
                                       "the results", ge=0)
     sampler_seed: int = setting(0, "seed of the TPE sampler", ge=0)
     storage: str = setting("", "Optuna storage URL (unset: sqlite:///<output>/study.db, so a stopped search "
                                "resumes)")
-    references: tuple[str, ...] = setting((), "labels run beside the recommendation in the verdict with the "
+    references: tuple[str, ...] = setting((), "labels run beside the candidate in the verdict with the "
                                               "file's own settings (e.g. the hand-tuned best)")
     significance: float = setting(0.05, "level of the two-sided Welch t-test that decides \"beyond seed "
                                         "noise\"", gt=0, lt=1)

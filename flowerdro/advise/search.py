@@ -6,14 +6,25 @@ Phases, in this order (the test split is read in the last one only):
    (its objective and mean accuracy are what the trials are compared with and what
    ``max-mean-drop`` is measured from);
 2. **search**: Optuna trials (TPE over a categorical strategy choice with each strategy's
-   knobs as conditional parameters; the file's own values of each candidate first). A
-   trial runs every search seed one after another and reports after every evaluated round
-   the running estimate of its objective, (Σ_{finished seeds} J_s + J_current(r)) / (k+1),
-   at step k·R + r (seed index k, round r of R), so the pruner (Hyperband or successive
-   halving over rounds) compares trials at the same number of rounds trained;
-3. **verdict**: the best feasible trial's setting, FedAvg and the ``references`` are run
-   over fresh seeds and evaluated on the clients' test sets; Welch's t-test on the
-   per-seed objective decides whether the recommendation beats FedAvg beyond seed noise.
+   knobs as conditional parameters). Each candidate's first trial takes the file's own
+   values, its second TPE's draw (a candidate without knobs has one setting, so one
+   trial); these two run to their end (:data:`~flowerdro.advise.pruning.FULL`), one pass
+   over the candidates after the other, so every candidate gets two complete trials
+   unless ``trials`` or the budget runs out first (the report says so, per strategy).
+   A trial runs every search seed one after another and reports after every evaluated
+   round the running estimate of its objective, (Σ_{finished seeds} J_s + J_current(r)) / (k+1),
+   at step k·R + r (seed index k, round r of R), to a pruner over rounds trained that
+   compares it with the trials of its own strategy only
+   (:class:`~flowerdro.advise.pruning.StrategyPruner`);
+3. **verdict**: the best feasible trial's setting (the candidate), FedAvg and the
+   ``references`` are run over fresh seeds and evaluated on the clients' test sets
+   (:mod:`flowerdro.advise.verdict` decides).
+
+The ``budget`` covers all three phases: a trial starts only while the reference, the trials
+so far, one more complete trial and the verdict fit in it. Client-rounds are exact (a
+trial: search seeds × rounds × clients; the verdict: (2 + references) × verdict seeds ×
+rounds × clients), so a client-round budget is never exceeded; seconds are estimated from
+the slowest complete run so far, so a wall-time budget holds up to that estimate.
 
 Each run is one strategy on an :class:`~flowerdro.experiments.inprocess.InProcessGrid`
 (the ClientApp in this process: flowerdro's, or the user's, e.g. a ``ClientKit``'s).
@@ -29,7 +40,6 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -50,6 +60,9 @@ from flowerdro.advise.config import (
     parse_budget,
     search_space,
 )
+from flowerdro.advise.pruning import FULL
+from flowerdro.advise.report import best_per_strategy, coverage, trial_rows, write_report
+from flowerdro.advise.verdict import Advice, judge
 from flowerdro.runs.report import final_summary
 from flowerdro.settings import check_known_keys, read_settings
 
@@ -99,7 +112,7 @@ def run_seed(
     grid = InProcessGrid(app, int(rc["num-partitions"]), rc)
     init = initial_arrays(grid, rc, timeout)
     gc.collect()
-    gc.freeze()  # see runs/driver.py: Flower's per-array gc.collect() walks a large heap otherwise
+    gc.freeze()  # see flowerdro/comparison.py: Flower's per-array gc.collect() walks a large heap otherwise
     strategy.start(grid, init, num_rounds=num_rounds, timeout=timeout, train_config=client_config(rc),
                    evaluate_config=ConfigRecord({"eval-split": split}))
     if not any("acc_mean" in r for r in strategy.history):
@@ -147,28 +160,87 @@ class _Progress:
                                      "rounds trained")
 
 
-@dataclass
-class Advice:
-    """What a search found: every trial, the best setting per strategy, the verdict.
+# ---------------------------------------------------------------------- the stored study
+def finished(study: Any) -> list[Any]:
+    """Trials that count towards ``trials``: complete, pruned, or failed in their own run."""
+    from optuna.trial import TrialState
 
-    ``trials`` holds one dict per trial (number, state, label, knobs, per-seed validation
-    numbers, objective); ``reference`` FedAvg's validation numbers per search seed;
-    ``verdict`` per setting (``recommended``, ``fedavg``, each reference label) its test
-    numbers per verdict seed; ``test`` the Welch test; ``sentence`` the plain verdict.
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and _RUN_FAILED in t.user_attrs)]
+
+
+def spent(study: Any) -> dict[str, float]:
+    """Client-rounds and seconds spent so far by the reference and every trial, and by the verdict (as stored)."""
+    ref, trials = study.user_attrs.get("reference", {}), study.get_trials(deepcopy=False)
+    verdict = study.user_attrs.get("verdict", {})
+    return {"client_rounds": float(ref.get("client_rounds", 0)) + sum(float(t.user_attrs.get("client_rounds", 0))
+                                                                      for t in trials),
+            "seconds": float(ref.get("seconds", 0)) + sum(float(t.user_attrs.get("seconds", 0)) for t in trials),
+            "verdict_client_rounds": float(verdict.get("client_rounds", 0)),
+            "verdict_seconds": float(verdict.get("seconds", 0))}
+
+
+def recover(study: Any) -> None:
+    """Trials a stopped search left running or failed without a result are run again (same settings)."""
+    from optuna.trial import TrialState
+
+    requeued = set(study.user_attrs.get("requeued", []))
+    for t in study.get_trials(deepcopy=False):
+        stale = t.state == TrialState.RUNNING or (t.state == TrialState.FAIL and _RUN_FAILED not in t.user_attrs)
+        if not stale or t.number in requeued:
+            continue
+        if t.state == TrialState.RUNNING:
+            study.tell(t.number, state=TrialState.FAIL)
+        log(WARNING, "advise: trial %d was interrupted; it runs again with the same settings", t.number)
+        study.enqueue_trial(dict(t.params), user_attrs={FULL: True} if t.user_attrs.get(FULL) else None)
+        requeued.add(t.number)
+    study.set_user_attr("requeued", sorted(requeued))
+
+
+def queue_guaranteed(study: Any, candidates: Sequence[Candidate]) -> None:
+    """Queue the next guaranteed trial (:data:`FULL`) when no trial waits to run.
+
+    First pass: each candidate's starting point (the file's values); second pass: one more
+    trial of each candidate with knobs, its knobs drawn by the sampler. A trial counts
+    once it ran (complete, or failed in its own run) or waits; an interrupted one is
+    replaced by its re-queued copy (:func:`recover`), which runs first.
     """
+    from optuna.trial import TrialState
 
-    name: str
-    objective: str
-    settings: dict[str, Any]
-    reference: list[dict[str, float]]
-    trials: list[dict[str, Any]]
-    best: dict[str, dict[str, Any]]
-    recommended: dict[str, Any] | None
-    verdict: dict[str, list[dict[str, float]]] = field(default_factory=dict)
-    test: dict[str, float] = field(default_factory=dict)
-    sentence: str = ""
-    spent: dict[str, float] = field(default_factory=dict)
-    output_dir: Path | None = None
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return
+    counted = [t for t in trials if t.user_attrs.get(FULL)
+               and (t.state != TrialState.FAIL or _RUN_FAILED in t.user_attrs)]
+    have = {c.label: sum(t.params.get("strategy") == c.label for t in counted) for c in candidates}
+    for want in (1, 2):
+        for cand in candidates:
+            if have[cand.label] < want and (want == 1 or cand.knobs):
+                params = {cand.param(k): v for k, v in cand.start.items()} if want == 1 else {}
+                study.enqueue_trial({"strategy": cand.label, **params}, user_attrs={FULL: True})
+                return
+
+
+def _check_references(refs: Sequence[str], by_label: Mapping[str, Candidate], config: Mapping[str, Any]) -> None:
+    from flowerdro.strategies.registry import ALGORITHMS
+
+    for ref in refs:
+        if ref == REFERENCE:
+            raise ValueError("advise.references: fedavg is always in the verdict; list other labels")
+        if ref not in by_label and ref not in config.get("strategy", {}) and ref not in ALGORITHMS:
+            raise ValueError(f"advise.references: {ref!r} is neither a label of the file nor a registered strategy")
+
+
+def _bar(progress: bool | None, total: int, desc: str, values: Mapping[str, float]) -> Any:
+    """A trial's progress bar (None when ``progress`` is False; shown on a terminal only when None)."""
+    if progress is False:
+        return None
+    from tqdm.auto import tqdm
+
+    knobs = ", ".join(f"{k}={v:.3g}" for k, v in values.items())
+    return tqdm(total=total, desc=desc + (f" ({knobs})" if knobs else ""), unit="round", leave=True,
+                disable=None if progress is None else False)
 
 
 class Search:
@@ -183,8 +255,7 @@ class Search:
         self.config = dict(config)
         experiment = {k: v for k, v in self.config.items() if k != "advise"}
         table = dict(self.config.get("advise", {}))
-        knob_tables = table.pop("knobs", {})
-        if not isinstance(knob_tables, Mapping):
+        if not isinstance(table.pop("knobs", {}), Mapping):
             raise ValueError("advise.knobs: expected tables [advise.knobs.<label>]")
         if "strategies" not in experiment:
             experiment["strategies"] = list(table.get("strategies", [])) or [REFERENCE]
@@ -214,25 +285,17 @@ class Search:
         check_run_config(self.run_config, where="[run-config]")
         self.candidates: list[Candidate] = search_space(self.config, self.advise, self.run_config)
         self.by_label = {c.label: c for c in self.candidates}
-        for ref in self.advise.references:
-            if ref == REFERENCE:
-                raise ValueError("advise.references: fedavg is always in the verdict; list other labels")
-            if ref not in self.by_label and ref not in self.config.get("strategy", {}):
-                from flowerdro.strategies.registry import ALGORITHMS
-
-                if ref not in ALGORITHMS:
-                    raise ValueError(f"advise.references: {ref!r} is neither a label of the file nor a registered "
-                                     "strategy")
+        _check_references(self.advise.references, self.by_label, self.config)
         if client_app is None:
             from flowerdro.apps.client_app import app as client_app
         self.app = client_app
         root = self.config.get("output-root", output_root)
         self.output_dir = Path(root) / self.name if root else None
-        self.progress = progress
-        self.overwrite = overwrite
+        self.progress, self.overwrite = progress, overwrite
         self.figure = Path(figure) if figure else None
         self._study: Any = None
         self._ref: list[dict[str, float]] = []
+        self.stopped_by = "trials"
 
     # ------------------------------------------------------------------ the study
     def fingerprint(self) -> dict[str, Any]:
@@ -241,7 +304,7 @@ class Search:
             "run-config": self.run_config, "num-rounds": self.num_rounds, "seeds": self.seeds,
             "objective": self.advise.objective, "max-mean-drop": self.advise.max_mean_drop,
             "last-rounds": self.last, "pruner": [self.advise.pruner, min_rounds(self.advise, self.num_rounds),
-                                                 self.advise.pruner_reduction],
+                                                 self.advise.pruner_reduction, "per-strategy"],
             "candidates": {c.label: {"algorithm": c.algorithm, "own": c.own, "fixed": c.fixed,
                                      "knobs": {k: [v.low, v.high, v.scale] for k, v in c.knobs.items()}}
                            for c in self.candidates},
@@ -271,75 +334,54 @@ class Search:
                 pass
         # with max-mean-drop, each trial sets its constraint (Trial.set_constraint), which TPE reads
         sampler = optuna.samplers.TPESampler(seed=self.advise.sampler_seed, multivariate=True, group=True,
-                                             n_startup_trials=self.advise.startup_trials + len(self.candidates))
+                                             n_startup_trials=self.advise.startup_trials + 2 * len(self.candidates))
         study = optuna.create_study(storage=url, study_name=self.name, direction="maximize", sampler=sampler,
                                     pruner=self.pruner(), load_if_exists=True)
-        stored = study.user_attrs.get("fingerprint")
-        mine = self.fingerprint()
+        stored, mine = study.user_attrs.get("fingerprint"), self.fingerprint()
         if stored is None:
             study.set_user_attr("fingerprint", mine)
-            for cand in self.candidates:  # the file's own settings first
-                study.enqueue_trial({"strategy": cand.label, **{cand.param(k): v for k, v in cand.start.items()}})
         elif stored != mine:
             diff = sorted(k for k in set(stored) | set(mine) if stored.get(k) != mine.get(k))
             raise ValueError(f"advise: the storage {url} holds a search of study {self.name!r} with other settings "
                              f"({', '.join(diff)} differ); pass --overwrite to start afresh, or give the file "
                              "another name")
         self._study = study
-        self._recover(study)
+        recover(study)
         return study
 
     def pruner(self) -> Any:
-        """Optuna's pruner over rounds trained (seeds × num-rounds steps per trial)."""
+        """The pruner over rounds trained (seeds × num-rounds steps per trial), per strategy."""
         import optuna
 
-        lo, total = min_rounds(self.advise, self.num_rounds), len(self.seeds) * self.num_rounds
+        from flowerdro.advise.pruning import StrategyPruner
+
         if self.advise.pruner == "none":
             return optuna.pruners.NopPruner()
-        if self.advise.pruner == "successive-halving":
-            return optuna.pruners.SuccessiveHalvingPruner(min_resource=lo, reduction_factor=self.advise.pruner_reduction)
-        return optuna.pruners.HyperbandPruner(min_resource=lo, max_resource=max(total, lo + 1),
-                                              reduction_factor=self.advise.pruner_reduction)
+        lo, total = min_rounds(self.advise, self.num_rounds), len(self.seeds) * self.num_rounds
+        return StrategyPruner(lo, max(total, lo + 1), self.advise.pruner_reduction,
+                              brackets=self.advise.pruner == "hyperband")
 
-    def _recover(self, study: Any) -> None:
-        """Trials a stopped search left running or failed without a result are run again (same settings)."""
-        from optuna.trial import TrialState
+    def verdict_cost(self, study: Any) -> dict[str, float]:
+        """What the verdict will spend: exact client-rounds, and seconds at the slowest complete run so far."""
+        runs = (2 + len(self.advise.references)) * len(self.verdict_seeds)
+        return {"client_rounds": float(runs * self.num_rounds * self.num_partitions),
+                "seconds": runs * self._seconds_per_run(study)}
 
-        requeued = set(study.user_attrs.get("requeued", []))
-        for t in study.get_trials(deepcopy=False):
-            stale = t.state == TrialState.RUNNING or (t.state == TrialState.FAIL and _RUN_FAILED not in t.user_attrs)
-            if not stale or t.number in requeued:
-                continue
-            if t.state == TrialState.RUNNING:
-                study.tell(t.number, state=TrialState.FAIL)
-            log(WARNING, "advise: trial %d was interrupted; it runs again with the same settings", t.number)
-            study.enqueue_trial(dict(t.params))
-            requeued.add(t.number)
-        study.set_user_attr("requeued", sorted(requeued))
-
-    def finished(self, study: Any) -> list[Any]:
-        """Trials that count towards ``trials``: complete, pruned, or failed in their own run."""
-        from optuna.trial import TrialState
-
-        return [t for t in study.get_trials(deepcopy=False)
-                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                or (t.state == TrialState.FAIL and _RUN_FAILED in t.user_attrs)]
-
-    def spent(self, study: Any) -> dict[str, float]:
-        """Client-rounds and seconds spent so far by the reference and every trial (as stored)."""
+    def _seconds_per_run(self, study: Any) -> float:
+        """The slowest complete run so far (FedAvg's reference runs, complete trials), in seconds."""
         ref = study.user_attrs.get("reference", {})
-        rounds = float(ref.get("client_rounds", 0)) + sum(float(t.user_attrs.get("client_rounds", 0))
-                                                          for t in study.get_trials(deepcopy=False))
-        secs = float(ref.get("seconds", 0)) + sum(float(t.user_attrs.get("seconds", 0))
-                                                  for t in study.get_trials(deepcopy=False))
-        return {"client_rounds": rounds, "seconds": secs}
+        per_run = [float(ref.get("seconds", 0)) / len(self.seeds)]
+        per_run += [float(t.user_attrs.get("seconds", 0)) / len(self.seeds) for t in study.get_trials(deepcopy=False)
+                    if t.state.name == "COMPLETE"]
+        return max(per_run)
 
     def budget_left(self, study: Any) -> bool:
-        """Whether another trial may start."""
-        used = self.spent(study)
-        if self.budget.seconds is not None and used["seconds"] >= self.budget.seconds:
-            return False
-        return not (self.budget.client_rounds is not None and used["client_rounds"] >= self.budget.client_rounds)
+        """Whether another trial may start: what is spent, one more complete trial and the verdict fit in the budget."""
+        used, verdict = spent(study), self.verdict_cost(study)
+        trial = {"client_rounds": len(self.seeds) * self.num_rounds * self.num_partitions,
+                 "seconds": len(self.seeds) * self._seconds_per_run(study)}
+        return all(limit is None or used[k] + trial[k] + verdict[k] <= limit
+                   for k, limit in (("seconds", self.budget.seconds), ("client_rounds", self.budget.client_rounds)))
 
     # ------------------------------------------------------------------ running
     def _rc(self, cand_config: Mapping[str, Any], seed: int) -> dict[str, Any]:
@@ -380,9 +422,8 @@ class Search:
         values = {k: trial.suggest_float(cand.param(k), kn.low, kn.high, log=kn.log) for k, kn in cand.knobs.items()}
         floor = None
         if self.advise.max_mean_drop is not None:
-            ref_mean = float(np.mean([r["acc_mean"] for r in self._ref]))
-            floor = ref_mean - self.advise.max_mean_drop
-        bar = self._bar(trial.number, label, values)
+            floor = float(np.mean([r["acc_mean"] for r in self._ref])) - self.advise.max_mean_drop
+        bar = _bar(self.progress, len(self.seeds) * self.num_rounds, f"trial {trial.number} {label}", values)
         t0, done, seeds_out = time.time(), [], []
         try:
             for k, seed in enumerate(self.seeds):
@@ -396,83 +437,75 @@ class Search:
                 finally:
                     trial.set_user_attr("client_rounds", (k * self.num_rounds + obs.rounds) * self.num_partitions)
                     trial.set_user_attr("seconds", time.time() - t0)
-                summ = {"seed": seed, **summarize(hist, self.last, self.key)}
-                seeds_out.append(summ)
-                done.append(summ["objective"])
+                seeds_out.append({"seed": seed, **summarize(hist, self.last, self.key)})
+                done.append(seeds_out[-1]["objective"])
                 trial.set_user_attr("seeds", seeds_out)
         finally:
             if bar is not None:
                 bar.close()
-        mean_acc = float(np.mean([s["acc_mean"] for s in seeds_out]))
         if floor is not None:
-            trial.set_constraint(CONSTRAINT, floor - mean_acc)
+            trial.set_constraint(CONSTRAINT, floor - float(np.mean([s["acc_mean"] for s in seeds_out])))
         return float(np.mean(done))
 
-    def _bar(self, number: int, label: str, values: Mapping[str, float]) -> Any:
-        if self.progress is False:
-            return None
-        from tqdm.auto import tqdm
-
-        knobs = ", ".join(f"{k}={v:.3g}" for k, v in values.items())
-        return tqdm(total=len(self.seeds) * self.num_rounds, desc=f"trial {number} {label}"
-                    + (f" ({knobs})" if knobs else ""), unit="round", leave=True,
-                    disable=None if self.progress is None else False)
-
     def search(self, study: Any) -> None:
-        """Run trials until ``trials`` are finished or the budget is spent."""
+        """Run trials until ``trials`` are finished or the budget (the verdict's share kept back) is spent."""
         from flowerdro.strategies.base import RunFailedError
 
-        while len(self.finished(study)) < self.advise.trials:
+        self.stopped_by = "trials"
+        while len(finished(study)) < self.advise.trials:
             if not self.budget_left(study):
-                log(WARNING, "advise: budget (%s) spent after %d of %d trials", self.budget,
-                    len(self.finished(study)), self.advise.trials)
+                self.stopped_by = "budget"
+                log(WARNING, "advise: budget (%s, the verdict's share kept back) spent after %d of %d trials",
+                    self.budget, len(finished(study)), self.advise.trials)
                 break
+            queue_guaranteed(study, self.candidates)
             study.optimize(self.objective, n_trials=1, catch=(RunFailedError,))
 
     # ------------------------------------------------------------------ verdict
-    def verdict(self, study: Any, recommended: Mapping[str, Any]) -> dict[str, list[dict[str, float]]]:
-        """Recommended setting, FedAvg and the references on the test sets over the verdict seeds (stored)."""
-        key = json.dumps({"recommended": recommended, "seeds": self.verdict_seeds,
+    def verdict(self, study: Any, candidate: Mapping[str, Any]) -> dict[str, list[dict[str, float]]]:
+        """The candidate, FedAvg and the references on the test sets over the verdict seeds (stored)."""
+        key = json.dumps({"candidate": candidate, "seeds": self.verdict_seeds,
                           "references": list(self.advise.references)}, sort_keys=True, default=str)
         stored = study.user_attrs.get("verdict")
         if stored is not None and stored.get("key") == key:
             return stored["runs"]
-        settings = {"recommended": (recommended["algorithm"], recommended["run_config"]),
-                    REFERENCE: (REFERENCE, {})}
+        settings = {"candidate": (candidate["algorithm"], candidate["run_config"]), REFERENCE: (REFERENCE, {})}
         for ref in self.advise.references:
             own = dict(self.config.get("strategy", {}).get(ref, {}))
             settings[ref] = (str(own.pop("strategy", ref)), own)
-        runs: dict[str, list[dict[str, float]]] = {}
+        t0, runs = time.time(), {}
         for name, (algorithm, own) in settings.items():
             for seed in self.verdict_seeds:
                 log(INFO, "advise: verdict %s, seed %d (test)", name, seed)
                 hist = self._run(algorithm, self._rc(own, seed), "test", label=name)
                 runs.setdefault(name, []).append({"seed": seed, **summarize(hist, self.last, self.key)})
-        study.set_user_attr("verdict", {"key": key, "runs": runs})
+        study.set_user_attr("verdict", {"key": key, "runs": runs, "seconds": time.time() - t0,
+                                        "client_rounds": len(settings) * len(self.verdict_seeds) * self.num_rounds
+                                        * self.num_partitions})
         return runs
 
     # ------------------------------------------------------------------ everything
     def run(self) -> Advice:
         """Reference, search, verdict, report (each phase taken from the storage when done before)."""
-        from flowerdro.advise.report import best_per_strategy, judge, trial_rows, write_report
-
         study = self.study()
         self._ref = self.reference(study)
         self.search(study)
-        trials = trial_rows(study, self)
-        best = best_per_strategy(trials)
+        trials = trial_rows(study, self.by_label)
         feasible = [t for t in trials if t["state"] == "COMPLETE" and t.get("feasible", True)]
         if not feasible:
+            cost = self.verdict_cost(study)
             raise RuntimeError(f"advise: no trial of {self.name} completed feasibly ({len(trials)} trials); raise "
-                               "trials or the budget, or relax max-mean-drop")
+                               f"trials or the budget (which also covers the verdict: {cost['client_rounds']:.0f} "
+                               f"client-rounds, about {cost['seconds']:.0f} s), or relax max-mean-drop")
         top = max(feasible, key=lambda t: t["objective"])
         cand = self.by_label[top["label"]]
-        recommended = {"label": cand.label, "algorithm": cand.algorithm, "knobs": top["knobs"],
-                       "trial": top["number"], "run_config": cand.run_config(top["knobs"]),
-                       "validation": top["objective"]}
-        runs = self.verdict(study, recommended)
-        advice = Advice(self.name, self.advise.objective, self.describe(), self._ref, trials, best, recommended,
-                        runs, spent=self.spent(study), output_dir=self.output_dir)
+        candidate = {"label": cand.label, "algorithm": cand.algorithm, "knobs": top["knobs"], "trial": top["number"],
+                     "run_config": cand.run_config(top["knobs"]), "validation": top["objective"]}
+        runs = self.verdict(study, candidate)
+        settings = self.describe()
+        advice = Advice(self.name, self.advise.objective, settings, self._ref, trials, best_per_strategy(trials),
+                        candidate, verdict=runs, spent=spent(study), output_dir=self.output_dir,
+                        coverage=coverage(trials, self.candidates, settings, self.stopped_by))
         judge(advice, self.advise.significance, self.advise.max_mean_drop)
         if self.output_dir is not None:
             write_report(advice, self.output_dir, self.figure)
@@ -524,7 +557,7 @@ def run(
     Returns
     -------
     Advice
-        Every trial, the best setting per strategy, the verdict and its sentence.
+        Every trial, the best setting per strategy, the verdict, what to use and its sentence.
     """
     search = Search(config, output_root=output_root, client_app=client_app, progress=progress, overwrite=overwrite,
                     figure=figure)

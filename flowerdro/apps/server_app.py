@@ -2,9 +2,9 @@
 
 Run-config keys read here: ``strategies`` (comma-separated names), ``num-rounds``,
 ``round-timeout`` (seconds), ``output-dir``, ``resume``, ``overwrite``, ``extend``, and
-what watches the runs: ``tracker`` (``tensorboard,mlflow,wandb``), ``tracker-dir``,
-``tracker-experiment`` (default ``flwr-run``), ``tracker-project``, ``mlflow-tracking-uri``,
-``wandb-mode`` and ``observers`` (import paths of observer factories)
+what watches the runs: ``tracker`` (``tensorboard,mlflow,wandb``), ``tracker-dir``
+(default ``<output-dir>/trackers``), ``tracker-experiment`` (default ``flwr-run``),
+``tracker-project``, ``mlflow-tracking-uri``, ``wandb-mode`` and ``observers`` (import paths of observer factories)
 (:class:`flowerdro.runs.RunSettings`); the ``dp`` keys wrap every strategy in Flower's
 central DP (:class:`flowerdro.privacy.PrivacySettings`); all others go to the strategies
 and clients. Trackers and observer factories are imported and checked before the first
@@ -12,16 +12,21 @@ message. The run holds the lock of ``output-dir`` (its holder file names the Flo
 id), so a second run into the same folder is refused while this one lasts. Initial weights come from one client
 (``query.init``), so the server never needs the data set. At the end the comparison
 table of the final per-client accuracies is printed and written with ``summary.json``
-and the comparison figure under ``output-dir``. The grid pulls replies every 0.05 s
+and the comparison figure under ``output-dir``. Before the first message it logs where
+the results and the tracker files go, as absolute paths: relative ones are taken from the
+ServerApp's working folder, which under ``flwr run`` is the folder the local SuperLink
+was started in, not the caller's. The grid pulls replies every 0.05 s
 (:class:`~flowerdro.deploy.grid.PromptGrid`; Flower's deployment grid waits 3 s between pulls).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from flowerdro.comparison import Comparison, Plan, run_plans
@@ -30,6 +35,7 @@ from flowerdro.runs import RunSettings
 from flowerdro.settings import read_settings
 from flowerdro.strategies.registry import check_run_config
 from flowerdro.trackers import ObserverFactory, observer_factories
+from flowerdro.trackers.setup import where
 
 app = ServerApp()
 
@@ -48,8 +54,16 @@ def run_strategies(grid: Grid, run_config: dict, observers: Sequence[ObserverFac
     """
     check_run_config(run_config)
     run = read_settings(RunSettings, run_config)
-    factories = [*observer_factories(run, COMPARISON), *observers]
     out_root = Path(run.output_dir)
+    factories = [*observer_factories(run, COMPARISON, out_root), *observers]
+    for line in where(run, out_root):
+        log(INFO, "%s: %s", COMPARISON, line)
+    relative = [k for k, v in (("output-dir", run.output_dir), ("tracker-dir", run.tracker_dir))
+                if v.strip() and not Path(v).is_absolute()]
+    if relative:
+        log(INFO, "%s: %s relative to this ServerApp's working folder %s; under `flwr run` that is the folder the "
+            "local SuperLink was first started in (give an absolute path to choose the place)", COMPARISON,
+            " and ".join(relative) + (" is" if len(relative) == 1 else " are"), Path.cwd())
     seed = int(run_config.get("seed", 0) or 0)
     plans = [Plan(name, name, seed, dict(run_config), out_root / name) for name in run.strategies]
     return run_plans(plans, lambda _plan: grid, name=COMPARISON, num_rounds=run.num_rounds,

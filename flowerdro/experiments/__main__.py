@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", help="override the seeds, e.g. 0,1,2")
     parser.add_argument("--rounds", type=int, help="override num-rounds")
     parser.add_argument("--strategies", help="run only these strategy labels of the config, e.g. drfa,afl")
-    parser.add_argument("--out", default="results", help="output root (default: results)")
+    parser.add_argument("--out", default="results", help="output root (default: results); the trackers write "
+                                                         "into <out>/trackers unless the file sets tracker-dir")
     parser.add_argument("--quiet", action="store_true", help="only print the final table")
     parser.add_argument("--resume", action="store_true",
                         help="continue the runs from their latest checkpoints (finished runs are kept)")
@@ -55,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quiet:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     result = run(cfg, output_root=args.out)
-    if result.output_dir is not None:
-        print(f"results written to {result.output_dir}/")
+    from flowerdro.runs.settings import WATCH_KEYS, RunSettings
+    from flowerdro.settings import read_settings
+    from flowerdro.trackers.setup import where
+
+    watch = read_settings(RunSettings, {k: cfg[k] for k in WATCH_KEYS if k in cfg})
+    root = cfg.get("output-root", args.out)
+    for line in where(watch, result.output_dir, tracker_output_dir=root or None):
+        print(line)
     return 0
 
 

@@ -23,7 +23,8 @@ Config (a dict, or a TOML file for ``python -m flowerdro.experiments conf/<name>
     local-steps = 5
 
 Trackers and observers are top-level keys (``tracker = "tensorboard,mlflow"``,
-``tracker-dir``, ``tracker-experiment`` (default: ``name``), ``tracker-project``,
+``tracker-dir`` (default: ``<output root>/trackers``, e.g. ``results/trackers``),
+``tracker-experiment`` (default: ``name``), ``tracker-project``,
 ``mlflow-tracking-uri``, ``wandb-mode``, ``observers``; see :class:`~flowerdro.runs.RunSettings`).
 
 The seed of a run sets the strategy's sampling, the clients' minibatches and the initial
@@ -35,8 +36,11 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping, Sequence
+from logging import INFO
 from pathlib import Path
 from typing import Any
+
+from flwr.common import log
 
 from flowerdro.comparison import Comparison, Plan, run_plans
 from flowerdro.experiments.inprocess import Fault, InProcessGrid
@@ -44,6 +48,7 @@ from flowerdro.runs import RunSettings
 from flowerdro.runs.settings import WATCH_KEYS
 from flowerdro.settings import read_settings
 from flowerdro.trackers import ObserverFactory, observer_factories
+from flowerdro.trackers.setup import where as output_lines
 
 #: What ``run`` returns (kept under this name for callers of the runner).
 RunResult = Comparison
@@ -175,7 +180,9 @@ def run(
     plans = plans_of(config, out_dir)
     num_partitions = int(config.get("num-partitions", 10))
     watch = read_settings(RunSettings, {k: config[k] for k in WATCH_KEYS if k in config})
-    factories = [*observer_factories(watch, name), *observers]
+    factories = [*observer_factories(watch, name, Path(root) if root else None), *observers]
+    for line in output_lines(watch, out_dir, tracker_output_dir=Path(root) if root else None):
+        log(INFO, "%s: %s", name, line)
 
     def grid_for(plan: Plan) -> InProcessGrid:
         return InProcessGrid(client_app, num_partitions, plan.run_config, faults=dict(faults or {}))

@@ -36,8 +36,8 @@ class RunSettings(Settings):
                                   "for (the runs are extended; settings.json records it)")
     tracker: tuple[str, ...] = setting((), "trackers that log every run (comma-separated; empty: none)",
                                        choices=TRACKERS)
-    tracker_dir: str = setting("results/trackers", "where the trackers write: tensorboard/, mlflow.db with "
-                                                   "mlflow-artifacts/, wandb/")
+    tracker_dir: str = setting("", "where the trackers write: tensorboard/, mlflow.db with mlflow-artifacts/, "
+                                   "wandb/ (empty: trackers/ in the output folder, <output-dir>/trackers)")
     tracker_experiment: str = setting("", "the comparison's name in the trackers: MLflow experiment, W&B group, "
                                           "TensorBoard folder (empty: the experiment file's name; flwr-run "
                                           "for the ServerApp)")
@@ -50,12 +50,10 @@ class RunSettings(Settings):
                                              "package.module:function), each called once per run with its Plan")
 
     def check(self) -> None:
-        """Each tracker once; a folder for the trackers' files."""
+        """Each tracker once."""
         for key, values in (("tracker", self.tracker), ("observers", self.observers)):
             if len(set(values)) != len(values):
                 raise ValueError(f"{key}: names an entry twice: {','.join(values)}")
-        if self.tracker and not self.tracker_dir.strip():
-            raise ValueError("tracker-dir: must name a folder when tracker is set")
 
 
 #: The run-config keys of :class:`RunSettings` that choose what watches the runs.

@@ -43,6 +43,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Result, Strategy
 
 from flowerdro.protocol import CLIPPING_KEY, NUM_EXAMPLES, USER_TRAIN_FN, TrainingSettings
@@ -597,6 +598,21 @@ class FairStrategy(ServerState, Strategy):
                 f"a row (max-failed-rounds = {limit}), so the run has no fairness number; most frequent reason: "
                 f"{reason}" + (f"\n=> {hint}" if hint else ""))
 
+    def _end_at_privacy_budget(self, server_round: int, exc: Exception) -> None:
+        """Round ``server_round`` would spend more than ``dp-max-epsilon``: end the run after the round before.
+
+        The DP wrapper refuses the round in ``configure_train``, before any message, so the
+        round is dropped, not recorded, and the run ends as an early stop (final model,
+        ``on_end``). Raises :class:`RunFailedError` when no round has trained.
+        """
+        if not self.history:
+            raise RunFailedError(f"[{self.run_name}] dp-max-epsilon: round {server_round}, the run's first, would "
+                                 f"already exceed the privacy budget ({exc}); nothing trained. Raise dp-max-epsilon "
+                                 "or dp-noise-multiplier") from exc
+        self._round_open, self._round = False, server_round - 1
+        log(WARNING, "[%s] stopped after round %d of %s: round %d would exceed the privacy budget dp-max-epsilon "
+            "(%s)", self.run_name, server_round - 1, self.num_rounds, server_round, exc)
+
     def _missing(self, asked: list[Message], valid: list[Message]) -> dict[str, str]:
         """Partition → why it did not report this round's evaluation (see :func:`missing_partitions`).
 
@@ -673,7 +689,9 @@ class FairStrategy(ServerState, Strategy):
         :class:`RunFailedError` when ``max-failed-rounds`` rounds in a row bring no valid
         training reply or no valid evaluation (the error names the most frequent reason
         and, when the clients lack a message type, how to add it), or when every client
-        fails alike.
+        fails alike. Under a central-DP wrapper whose accountant has a ``max_epsilon``
+        (``dp-max-epsilon``), a round that would exceed it ends the run after the round
+        before it, as an early stop (logged; the final model is that round's).
         """
         if num_rounds < 1:
             raise ValueError(f"num-rounds: must be >= 1, got {num_rounds}")
@@ -694,7 +712,12 @@ class FairStrategy(ServerState, Strategy):
         self._driving, self._stopped = True, False
         try:
             for rnd in range(first, num_rounds + 1):
-                arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
+                try:
+                    arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
+                except PrivacyBudgetExhausted as exc:  # the DP wrapper's accountant refused round rnd's release
+                    self._end_at_privacy_budget(rnd, exc)
+                    arrays = self.current_arrays if self.current_arrays is not None else arrays
+                    break
                 result.arrays = arrays
                 if train_metrics is not None:
                     result.train_metrics_clientapp[rnd] = train_metrics

@@ -1,8 +1,17 @@
 """TensorBoard: one event-file folder per run, written with ``torch.utils.tensorboard``.
 
 Needs the ``tensorboard`` package (``pip install 'flowerdro[tensorboard]'``); the writer is
-torch's ``SummaryWriter``. Scalars are written as float64 tensors (``new_style`` with
-``double_precision``), so the values read back equal the round records exactly.
+torch's ``SummaryWriter``. Scalars are written as float32 ``simple_value`` summaries, the
+form TensorBoard's default loader (the Rust ``tensorboard-data-server``) reads: it drops
+float64 tensors, which only ``--load_fast=false`` shows. So TensorBoard holds every round
+number rounded to float32 (about 7 significant digits); ``rounds.jsonl``, MLflow and W&B
+keep them in float64.
+
+Each run writes its settings as an HParams session, with no experiment summary of its
+own: TensorBoard then builds the HParams table from every session under ``--logdir``
+(the union of the strategies' settings) with the run's scalars as its metrics. (With an
+experiment summary per run it would pick one run's arbitrarily, and hide the settings the
+other strategies have.)
 """
 
 from __future__ import annotations
@@ -25,11 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TensorBoardComparison", "TensorBoardTracker"]
 
-#: The scalars the HParams dashboard shows beside a run's settings.
-HPARAM_METRICS = tuple(f"fairness/{k}" for k in (
-    "acc_mean", "acc_worst", "acc_worst10", "acc_worst20", "acc_best20", "acc_std", "loss_mean", "loss_worst"))
-
-
 def _image(path: Path) -> Any:
     """A PNG as an (H, W, 3) float array in [0, 1]."""
     from matplotlib.image import imread
@@ -42,11 +46,16 @@ class TensorBoardTracker(Tracker):
 
     ``strategy.add_observer(TensorBoardTracker("runs/drfa"))``, then
     ``tensorboard --logdir runs``. Per round: the scalars of
-    :func:`~flowerdro.trackers.round_scalars` (step = round), histograms ``client_acc``
-    (``client_loss`` on regression tasks) and ``lambda``; at the start the settings as
-    HParams (with the fairness numbers as its metrics) and as a text table; at the end
-    ``progress.png`` of the run folder as an image. A resumed run continues the folder:
-    events after the checkpoint's round are hidden (``purge_step``).
+    :func:`~flowerdro.trackers.round_scalars` (step = round, float32), histograms
+    ``client_acc`` (``client_loss`` on regression tasks) and ``lambda``; at the start the
+    settings as an HParams session and as a text table; at the end ``progress.png`` of the
+    run folder as an image.
+
+    Every start supersedes what an earlier process wrote into the folder: the writer
+    opens with ``purge_step = 0``, which hides every event written before it, and a
+    resumed run logs the rounds restored from its checkpoint again before its own. So
+    after a crash and ``resume = true`` the folder shows each round once, with no gap
+    where the crashed process had not flushed its events.
 
     Parameters
     ----------
@@ -69,23 +78,23 @@ class TensorBoardTracker(Tracker):
         self.writer: Any = None
 
     def on_start(self, strategy: FairStrategy, num_rounds: int) -> None:
-        """Open the writer; log the settings (HParams and a text table)."""
+        """Open the writer (hiding earlier events); log the settings and the rounds restored from a checkpoint."""
         from torch.utils.tensorboard.summary import hparams
 
-        first = int(strategy.history[-1]["round"]) + 1 if strategy.history else 1
-        self.writer = self._tb.SummaryWriter(str(self.log_dir), purge_step=first, flush_secs=self.flush_secs)
+        self.writer = self._tb.SummaryWriter(str(self.log_dir), purge_step=0, flush_secs=self.flush_secs)
         settings = flat_settings(strategy.settings())
-        exp, ssi, _ = hparams(settings, dict.fromkeys(HPARAM_METRICS, 0.0))
-        self.writer.file_writer.add_summary(exp)
-        self.writer.file_writer.add_summary(ssi)
+        _, session_start, _ = hparams(settings, {})
+        self.writer.file_writer.add_summary(session_start)
         rows = "\n".join(f"| {k} | {v} |" for k, v in settings.items())
         self.writer.add_text("settings", f"| setting | value |\n|---|---|\n{rows}", 0)
+        for record in strategy.history:
+            self.on_round(strategy, record)
 
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
-        """Write the round's scalars and per-client histograms at step = round."""
+        """Write the round's scalars (float32 ``simple_value``) and per-client histograms at step = round."""
         step = int(record["round"])
         for tag, value in self.scalars(record).items():
-            self.writer.add_scalar(tag, value, step, new_style=True, double_precision=True)
+            self.writer.add_scalar(tag, value, step)
         for name, values in client_distributions(record).items():
             self.writer.add_histogram(name, values, step)
 
@@ -163,7 +172,8 @@ class TensorBoardComparison:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        with SummaryWriter(str(self.root / self.name / "comparison")) as writer:
+        # purge_step 0: a rerun's figure and table replace the earlier ones
+        with SummaryWriter(str(self.root / self.name / "comparison"), purge_step=0) as writer:
             for path in figures:
                 writer.add_image(f"figures/{path.stem}", _image(path), 0, dataformats="HWC")
             if comparison.table:

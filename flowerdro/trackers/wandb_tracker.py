@@ -17,6 +17,7 @@ from flowerdro.trackers.common import (
     flat_settings,
     require,
     run_figures,
+    run_folder,
 )
 
 if TYPE_CHECKING:
@@ -42,8 +43,12 @@ class WandbTracker(Tracker):
     start the settings as the run's config; per round (step = round) the scalars of
     :func:`~flowerdro.trackers.round_scalars` and the histograms ``client_acc``
     (``client_loss`` on regression tasks) and ``lambda``; at the end ``progress.png`` of
-    the run folder as an image (``figures/progress``). A resumed run is a new W&B run
-    whose config holds ``resumed_after``.
+    the run folder as an image (``figures/progress``). With a run folder, the config holds
+    ``run_dir`` (absolute). A resumed run is a new W&B run whose config holds
+    ``resumed_after`` (the checkpoint's round); it logs the rounds restored from the
+    checkpoint again before its own, so its history is the whole run, rounds 1 to R,
+    whatever the crashed process had not flushed. The crashed run stays as W&B left it
+    (shown as crashed once synced); ``run_dir`` links the two.
 
     Parameters
     ----------
@@ -81,6 +86,8 @@ class WandbTracker(Tracker):
         """Start the W&B run with the settings as its config."""
         seed = strategy.loop.seed
         config: dict[str, Any] = {**flat_settings(strategy.settings()), "num_rounds": num_rounds}
+        if (folder := run_folder(strategy)) is not None:
+            config["run_dir"] = str(Path(folder).resolve())
         if strategy.history:
             config["resumed_after"] = int(strategy.history[-1]["round"])
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +96,8 @@ class WandbTracker(Tracker):
             job_type=self.job_type or strategy.run_name, name=self.name or f"{strategy.run_name}-seed{seed}",
             config=config, tags=[strategy.run_name[:64], strategy.name[:64], f"seed{seed}"],
             reinit="create_new")
+        for record in strategy.history:  # a resumed run: the rounds before its checkpoint
+            self.on_round(strategy, record)
 
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
         """Log the round's scalars and per-client histograms at step = round."""

@@ -44,9 +44,9 @@ def test_a_tiny_search_runs_resumes_and_reads_the_test_split_only_in_the_verdict
     monkeypatch.setattr(handlers, "evaluation_split", recording_split)
     original_verdict = search_module.Search.verdict
 
-    def marked_verdict(self, study, recommended):
+    def marked_verdict(self, study, candidate):
         reads.append("VERDICT")
-        return original_verdict(self, study, recommended)
+        return original_verdict(self, study, candidate)
 
     monkeypatch.setattr(search_module.Search, "verdict", marked_verdict)
     runs: list[tuple[str, int, str]] = []
@@ -77,7 +77,7 @@ def test_a_tiny_search_runs_resumes_and_reads_the_test_split_only_in_the_verdict
     assert [r for r in runs if r[2] == "validation"] == [(first[2].params["strategy"], 0, "validation"),
                                                          (first[2].params["strategy"], 1, "validation")]
     assert sorted((a, s) for a, s, split in runs if split == "test") == sorted(
-        [(advice.recommended["algorithm"], 5), (advice.recommended["algorithm"], 6), ("fedavg", 5), ("fedavg", 6)])
+        [(advice.candidate["algorithm"], 5), (advice.candidate["algorithm"], 6), ("fedavg", 5), ("fedavg", 6)])
     done = [t for t in advice.trials if t["state"] == "COMPLETE"]
     assert len(done) == 3
     again = optuna.load_study(study_name="tiny_advice", storage=storage).get_trials()
@@ -99,9 +99,15 @@ def test_a_tiny_search_runs_resumes_and_reads_the_test_split_only_in_the_verdict
     assert advice.sentence in page and "## Test verdict" in page
     assert (out / "advice.png").stat().st_size > 0
     saved = json.loads((out / "advice.json").read_text())
-    assert saved["recommended"]["label"] in ("qfedavg", "drfa")
+    assert saved["candidate"]["label"] in ("qfedavg", "drfa")
     best = max(done, key=lambda t: t["objective"])
-    assert saved["recommended"]["trial"] == best["number"]
+    assert saved["candidate"]["trial"] == best["number"]
+    # what to use is the candidate only when the verdict accepts it, else FedAvg, everywhere
+    use = saved["candidate"] if saved["test"]["accepted"] else {"label": "fedavg", "algorithm": "fedavg"}
+    assert saved["recommended"]["label"] == use["label"]
+    assert f"strategies='{use['algorithm']}'" in saved["flwr_run_config"]
+    assert f"**Use:** {use['label']}" in page
+    assert set(saved["coverage"]) == {"qfedavg", "drfa"}
     for t in done:  # a trial's objective is the mean over its seeds of their last-round validation worst-20%
         assert t["objective"] == pytest.approx(sum(s["acc_worst20"] for s in t["seeds"]) / 2, rel=1e-12)
 

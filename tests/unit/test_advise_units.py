@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from flowerdro.advise.config import Budget, parse_budget
-from flowerdro.advise.report import pareto_front, welch
+from flowerdro.advise.report import pareto_front
+from flowerdro.advise.verdict import welch
 from flowerdro.settings import Knob, Settings, knobs, setting
 from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strength_knobs
 
@@ -99,3 +100,31 @@ def test_welch_of_two_constant_samples():
     assert welch([0.5, 0.5], [0.5, 0.5])["p"] == 1.0
     assert welch([0.6, 0.6], [0.5, 0.5])["p"] == 0.0
 
+
+
+def test_the_advisor_modules_import_one_another_without_a_circle():
+    """Every import counts: module level, inside functions and under TYPE_CHECKING."""
+    import ast
+    from pathlib import Path
+
+    import networkx as nx
+
+    import flowerdro
+
+    root = Path(flowerdro.__file__).resolve().parent
+    modules = {".".join(("flowerdro", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            graph.add_edges_from((name, t) for t in targets if t in modules and t != name)
+    circles = [sorted(c) for c in nx.strongly_connected_components(graph)
+               if len(c) > 1 and any(m.startswith("flowerdro.advise") for m in c)]
+    assert circles == []
+    assert graph.has_edge("flowerdro.advise.search", "flowerdro.advise.report")  # the graph is read

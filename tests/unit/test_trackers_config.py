@@ -62,11 +62,32 @@ def test_settings_become_hyperparameters():
     ({"tracker": "tensorboard,comet"}, "tracker: unknown value 'comet'; allowed: tensorboard, mlflow, wandb"),
     ({"tracker": "mlflow,mlflow"}, "tracker: names an entry twice"),
     ({"wandb-mode": "cloud"}, "wandb-mode: unknown value 'cloud'; allowed: offline, online"),
-    ({"tracker": "wandb", "tracker-dir": " "}, "tracker-dir: must name a folder"),
 ])
 def test_tracker_keys_are_validated_naming_the_key_and_allowed_values(config, message):
     with pytest.raises(ValueError, match=message):
         read_settings(RunSettings, config)
+
+
+def test_the_tracker_files_follow_the_output_folder_unless_tracker_dir_is_set(tmp_path):
+    from flowerdro.trackers.setup import tracker_root, where
+
+    unset = read_settings(RunSettings, {"tracker": "tensorboard,mlflow,wandb"})
+    assert tracker_root(unset, tmp_path / "out") == tmp_path / "out" / "trackers"
+    assert tracker_root(read_settings(RunSettings, {"tracker": "wandb", "tracker-dir": " "}), tmp_path) == \
+        tmp_path / "trackers"
+    chosen = read_settings(RunSettings, {"tracker": "wandb", "tracker-dir": str(tmp_path / "t")})
+    assert tracker_root(chosen, tmp_path / "out") == tmp_path / "t"
+    with pytest.raises(ValueError, match="tracker-dir: unset, and this run writes no output folder for wandb"):
+        tracker_root(read_settings(RunSettings, {"tracker": "mlflow,wandb", "mlflow-tracking-uri": "http://x"}), None)
+    assert tracker_root(read_settings(RunSettings, {"tracker": "mlflow", "mlflow-tracking-uri": "http://x"}),
+                        None) is None
+    trackers = tmp_path / "out" / "trackers"
+    assert where(unset, tmp_path / "out") == [
+        f"results: {tmp_path / 'out'}",
+        f"TensorBoard: {trackers / 'tensorboard'} (look: tensorboard --logdir {trackers / 'tensorboard'})",
+        f"MLflow: sqlite:///{trackers / 'mlflow.db'} (look: mlflow ui --backend-store-uri "
+        f"sqlite:///{trackers / 'mlflow.db'})",
+        f"W&B: {trackers / 'wandb'} (upload: wandb sync {trackers / 'wandb'}/offline-run-*)"]
 
 
 def test_a_misspelt_tracker_key_is_refused_naming_the_right_one():
