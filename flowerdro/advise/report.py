@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowerdro.runs.files import save_figure, write_text
+
 if TYPE_CHECKING:
     from flowerdro.advise.search import Advice, Search
 
@@ -238,8 +240,10 @@ def figure(advice: Advice, path: Path) -> None:
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)  # by atomic rename: never through a link planted at path
+    finally:
+        plt.close(fig)
 
 
 def write_report(advice: Advice, out_dir: Path, figure_path: Path | None = None) -> None:
@@ -248,10 +252,10 @@ def write_report(advice: Advice, out_dir: Path, figure_path: Path | None = None)
     figure(advice, out_dir / "advice.png")
     if figure_path is not None:
         figure(advice, figure_path)
-    (out_dir / "advice.md").write_text(markdown(advice, "advice.png"))
+    write_text(out_dir / "advice.md", markdown(advice, "advice.png"), "the advice")
     payload = {k: v for k, v in vars(advice).items() if k != "output_dir"}
     payload["flwr_run_config"] = flwr_run_config(advice)
-    (out_dir / "advice.json").write_text(json.dumps(payload, indent=2, default=str))
+    write_text(out_dir / "advice.json", json.dumps(payload, indent=2, default=str), "the advice")
 
 
 def flwr_run_config(advice: Advice) -> str:
