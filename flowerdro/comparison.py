@@ -38,6 +38,7 @@ from flwr.serverapp import Grid
 
 from flowerdro.privacy import PrivacySettings, dp_from_run_config
 from flowerdro.runs.files import refuse_links, write_text
+from flowerdro.runs.integrity import run_key
 from flowerdro.runs.lock import FolderLock
 from flowerdro.runs.output import RunWriter
 from flowerdro.runs.report import comparison_table, final_summary
@@ -144,6 +145,8 @@ def run_plans(
     """
     for plan in plans:  # what the clients would fail on in round 1, refused now naming the key
         check_run_config_values(plan.run_config)
+    if out_dir is not None:
+        run_key(out_dir)  # a key of the environment that cannot protect the folder is refused now
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
                                    run_name=plan.label, resume=resume, overwrite=overwrite, extend=extend,
                                    run_id=run_id)) for plan in plans]
