@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord
 
 from flowerdro.buffers import to_array
 
-__all__ = ["RunFileError", "append_text", "load_arrays", "read_own", "refuse_links", "save_arrays", "save_figure", "write_atomic",
+__all__ = ["RunFileError", "append_text", "arrays_from_bytes", "load_arrays", "read_own", "refuse_links", "save_arrays", "save_figure", "write_atomic",
            "write_text"]
 
 # The process's umask, read once: mkstemp creates files readable by their owner only, and
@@ -217,5 +217,10 @@ def save_arrays(path: str | Path | IO[bytes], arrays: ArrayRecord) -> None:
 
 def load_arrays(path: str | Path) -> ArrayRecord:
     """The ArrayRecord saved by :func:`save_arrays` (read without following a link, never unpickled)."""
-    with np.load(io.BytesIO(read_own(path, "arrays")), allow_pickle=False) as data:
-        return ArrayRecord({k: to_array(data[k]) for k in data.files})
+    return arrays_from_bytes(read_own(path, "arrays"))
+
+
+def arrays_from_bytes(data: bytes) -> ArrayRecord:
+    """The ArrayRecord of the bytes of an ``.npz`` written by :func:`save_arrays` (never unpickled)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        return ArrayRecord({k: to_array(npz[k]) for k in npz.files})

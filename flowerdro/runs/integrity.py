@@ -168,6 +168,8 @@ def check_signature(key: RunKey | None, signature: Mapping[str, object] | None, 
     macs = signature.get("files")
     macs = macs if isinstance(macs, dict) else {}
     for name in names:
+        if name not in files:
+            return f"{where}/{name} is missing"
         if name not in macs or not key.matches(str(macs[name]), key.file_mac(files[name], name)):
             return f"{where}/{name} does not match its HMAC in signature.json: it was changed after the run wrote it"
     return None

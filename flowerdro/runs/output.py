@@ -61,7 +61,7 @@ from flowerdro.runs.checkpoint import (
 from flowerdro.runs.files import (
     RunFileError,
     append_text,
-    load_arrays,
+    arrays_from_bytes,
     read_own,
     save_arrays,
     write_atomic,
@@ -267,7 +267,7 @@ class RunWriter:
         self.close()
 
     # ------------------------------------------------------------------ the run's identity
-    def check_identity(self, *, finished: int | None = None) -> None:
+    def check_identity(self, *, finished: int | None = None, recorded: dict[str, Any] | None = None) -> None:
         """Refuse to continue the folder's run with settings that shape its result otherwise.
 
         Compares :attr:`identity` with the one ``settings.json`` records (nothing to do when
@@ -277,6 +277,8 @@ class RunWriter:
         ----------
         finished : int, optional
             The rounds of the folder's run when it is finished (the message says so).
+        recorded : dict, optional
+            The folder's settings as read already (default: ``settings.json`` read now).
 
         Raises
         ------
@@ -285,9 +287,10 @@ class RunWriter:
         """
         if self.identity is None or self.overwrite:
             return
-        recorded = self._settings().get("identity")
+        settings = self._settings() if recorded is None else recorded
+        recorded = settings.get("identity")
         if recorded is None:
-            if self._settings() and not self._checked:
+            if settings and not self._checked:
                 log(WARNING, "%s/settings.json records no run identity (written by an older flowerdro): the data "
                     "and the model of the run are not checked", self.output_dir)
             self._checked = True
@@ -441,18 +444,20 @@ class RunWriter:
         final, rounds = self.output_dir / "final_model.npz", self.rounds_path
         if not final.is_file() or not rounds.is_file():
             return None
-        text = read_own(rounds, "round records").decode()
-        records = [expand_record(json.loads(line)) for line in text.splitlines() if line.strip()]
-        if not records or int(records[-1]["round"]) != num_rounds:
-            return None
-        self.check_identity(finished=num_rounds)
-        signature_path = self.output_dir / "signature.json"
-        signature = json.loads(read_own(signature_path, "signature")) if signature_path.is_file() else None
+        # each file is read once: what is checked is what is used
         files = {name: read_own(self.output_dir / name, name) for name in SIGNED_FILES
                  if (self.output_dir / name).is_file()}
+        records = [expand_record(json.loads(line)) for line in files["rounds.jsonl"].decode().splitlines()
+                   if line.strip()]
+        if not records or int(records[-1]["round"]) != num_rounds:
+            return None
+        settings = self._parse_settings(files["settings.json"]) if "settings.json" in files else {}
+        self.check_identity(finished=num_rounds, recorded=settings)
+        signature_path = self.output_dir / "signature.json"
+        signature = json.loads(read_own(signature_path, "signature")) if signature_path.is_file() else None
         if (why := check_signature(self.key, signature, files, self.output_dir, SIGNED_FILES)) is not None:
             raise IntegrityError(f"resume: the finished run in {self.output_dir} is not taken from disk: {why}")
-        return records, load_arrays(final)
+        return records, arrays_from_bytes(files["final_model.npz"])
 
     def save_checkpoint(self, state: dict[str, Any], server_round: int) -> Path:
         """Write ``state`` as ``checkpoint_roundNNNN.npz`` (atomically) and drop the oldest beyond the kept ones.
@@ -576,14 +581,18 @@ class RunWriter:
         path = self.output_dir / "settings.json"
         if not path.is_file() and not path.is_symlink():
             return {}
+        return self._parse_settings(read_own(path, "settings"))
+
+    def _parse_settings(self, data: bytes) -> dict[str, Any]:
+        path = self.output_dir / "settings.json"
         try:
-            data = json.loads(read_own(path, "settings"))
+            settings = json.loads(data)
         except ValueError as exc:
             raise ValueError(f"output-dir: {path} is not valid JSON ({exc}); repair or remove it, or set "
                              "overwrite = true") from exc
-        if not isinstance(data, dict):
+        if not isinstance(settings, dict):
             raise ValueError(f"output-dir: {path} does not hold a settings object; repair or remove it")
-        return data
+        return settings
 
     @staticmethod
     def _write_text(path: Path, text: str, what: str) -> None:
