@@ -19,7 +19,10 @@ PID 1, holding its memory.
   handlers of SIGTERM and SIGINT with a graceful exit that can wait forever on a lock
   copied by ``fork``) keeps it from acting: it starts the process's own graceful exit
   (SIGINT, which Flower's handler turns into its exit) and ends the process after
-  ``grace`` seconds if it is still there.
+  ``grace`` seconds if it is still there. A process started from a task (``fork``, or
+  ``subprocess`` with ``exec``) inherits the blocked SIGTERM: the worker takes it with a
+  thread of its own (:func:`guard_worker`); a process a user's ClientApp starts must unblock
+  it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})``) to be ended by it.
 
 Why not a library: ``prctl(PR_SET_PDEATHSIG)`` is one C call (``python-prctl`` wraps it
 but needs a compiler and libcap), and the rest is the standard library's.
