@@ -6,12 +6,19 @@ strategy first (a bad setting fails before any training), gets the initial model
 client (``query.init``: the server never loads data), runs the strategies one after
 another, and writes ``summary.json``, ``table.md`` and the comparison figure.
 
-Before any message, :func:`run_plans` takes the lock of the comparison's folder
-(``comparison.lock``) and of every run folder (``run.lock``, :class:`~flowerdro.runs.lock.FolderLock`),
-so a second comparison on the same folders is refused at once naming the holder, and
-with ``resume`` it loads and checks every run's checkpoint and plan
-(:meth:`~flowerdro.runs.output.RunWriter.resume_checkpoint`); the locks are
-released when it returns or raises.
+Before any message, :func:`run_plans` checks every run's data keys and model
+(:func:`~flowerdro.validation.check_run_config_values`), takes the lock of the
+comparison's folder (``comparison.lock``) and of every run folder (``run.lock``,
+:class:`~flowerdro.runs.lock.FolderLock`), so a second comparison on the same folders is
+refused at once naming the holder, and with ``resume`` it checks every run's identity
+against its folder's and loads and checks its checkpoint and plan
+(:meth:`~flowerdro.runs.output.RunWriter.resume_checkpoint`), or takes a finished run from
+disk (:meth:`~flowerdro.runs.output.RunWriter.finished_run`); the locks are released when
+it returns or raises. The strategies' roll call checks each node's config against the
+run config (:func:`~flowerdro.validation.roll_call_problem`), and a resumed checkpoint's
+model is checked against the clients' initial model (names, shapes, dtypes) before the
+first training message. ``summary.json``, ``table.md`` and ``comparison.png`` are
+written by atomic rename (:mod:`flowerdro.runs.files`).
 """
 
 from __future__ import annotations
@@ -30,14 +37,15 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flowerdro.privacy import PrivacySettings, dp_from_run_config
-from flowerdro.runs.files import load_arrays
+from flowerdro.runs.files import refuse_links, write_text
+from flowerdro.runs.integrity import run_key
 from flowerdro.runs.lock import FolderLock
 from flowerdro.runs.output import RunWriter
 from flowerdro.runs.report import comparison_table, final_summary
-from flowerdro.runs.results import load_records
 from flowerdro.settings import read_settings
 from flowerdro.strategies import FairStrategy, RunFailedError, build_strategy, initial_arrays
 from flowerdro.trackers.common import ObserverFactory
+from flowerdro.validation import check_run_config_values
 
 __all__ = ["Comparison", "Plan", "client_config", "run_plans"]
 
@@ -126,15 +134,25 @@ def run_plans(
     flowerdro.runs.lock.FolderInUseError
         Another run holds the lock of ``out_dir`` or of a plan's folder (before any message).
     flowerdro.runs.checkpoint.CheckpointError
-        With ``resume``: a run folder holds only damaged checkpoints, or pickled ones.
+        With ``resume``: a run folder holds only damaged, refused or pickled checkpoints; a
+        checkpoint's model does not fit the clients' (before any training message).
+    flowerdro.runs.identity.RunIdentityError
+        With ``resume``: a run folder's run (finished or not) has other settings, each key
+        named with both values (before any message).
     ValueError
-        With ``resume``: ``num_rounds`` breaks a run's plan (before any message).
+        A run config's data keys or model cannot be built (naming the key); with
+        ``resume``: ``num_rounds`` breaks a run's plan (before any message).
     """
+    for plan in plans:  # what the clients would fail on in round 1, refused now naming the key
+        check_run_config_values(plan.run_config)
+    if out_dir is not None:
+        run_key(out_dir)  # a key of the environment that cannot protect the folder is refused now
     built = [(plan, build_strategy(plan.algorithm, plan.run_config, output_dir=plan.output_dir,
                                    run_name=plan.label, resume=resume, overwrite=overwrite, extend=extend,
                                    run_id=run_id)) for plan in plans]
     for plan, strategy in built:  # central DP when the run config asks: refused here for a strategy it cannot protect
         dp_from_run_config(strategy, read_settings(PrivacySettings, plan.run_config))
+        strategy.comm.run_config = plan.run_config  # the roll call checks each node's num-partitions against it
     releases: list[Callable[[], None]] = []
     try:
         if out_dir is not None:
@@ -142,12 +160,14 @@ def run_plans(
             root.acquire()
             releases.append(root.release)
         starts: list[tuple[list[dict[str, Any]], ArrayRecord] | dict[str, Any] | None] = []
-        for plan, strategy in built:
+        for _plan, strategy in built:
             writer = _writer(strategy)
             if writer is not None:
+                if out_dir is not None:
+                    refuse_links(out_dir, writer.output_dir)
                 writer.acquire()
                 releases.append(writer.close)
-            if resume and plan.output_dir is not None and (done := _finished(plan.output_dir, num_rounds)):
+            if resume and writer is not None and (done := writer.finished_run(num_rounds)):
                 starts.append(done)
             else:
                 starts.append(writer.resume_checkpoint(num_rounds) if resume and writer is not None else None)
@@ -198,6 +218,8 @@ def _run_all(result: Comparison, built: Sequence[tuple[Plan, FairStrategy]], sta
             continue
         grid = grid_for(plan)
         init = initial_arrays(grid, plan.run_config, timeout)
+        if isinstance(begin, dict) and (writer := _writer(strategy)) is not None:
+            writer.check_model(begin, init)  # the checkpoint's model is the clients' (names, shapes, dtypes)
         # Libraries and data sets are loaded now and live for the whole run. Flower forces
         # gc.collect() in ArrayRecord.to_numpy_ndarrays(keep_input=False) (q-FedAvg calls it
         # per reply); without freezing, each collection walks this large heap.
@@ -250,16 +272,6 @@ def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: Arra
     result.strategies.setdefault(plan.label, []).append(strategy)
 
 
-def _finished(run_dir: Path, num_rounds: int) -> tuple[list[dict[str, Any]], ArrayRecord] | None:
-    """The records and final model of a run in ``run_dir`` that reached ``num_rounds`` (else None)."""
-    if not (run_dir / "final_model.npz").is_file() or not (run_dir / "rounds.jsonl").is_file():
-        return None
-    records = load_records(run_dir)
-    if not records or int(records[-1]["round"]) != num_rounds:
-        return None
-    return records, load_arrays(run_dir / "final_model.npz")
-
-
 def _writer(strategy: FairStrategy) -> RunWriter | None:
     """The strategy's :class:`RunWriter` (None when it writes no files)."""
     for obs in strategy._observers:  # noqa: SLF001
@@ -269,10 +281,12 @@ def _writer(strategy: FairStrategy) -> RunWriter | None:
 
 
 def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) -> None:
+    """``summary.json``, ``table.md`` and ``comparison.png``, each by atomic rename (never through a link)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(
-        {"config": _jsonable(config or {}), "seeds": result.seeds, "summaries": result.summaries}, indent=2))
-    (out_dir / "table.md").write_text(result.table + "\n")
+    write_text(out_dir / "summary.json", json.dumps(
+        {"config": _jsonable(config or {}), "seeds": result.seeds, "summaries": result.summaries}, indent=2),
+        "the comparison's summary")
+    write_text(out_dir / "table.md", result.table + "\n", "the comparison's table")
     try:
         from flowerdro.plots import plot_comparison
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from flowerdro.runs.files import save_figure
+
 History = Sequence[Mapping[str, Any]]
 
 __all__ = ["plot_comparison", "plot_history"]
@@ -192,6 +194,8 @@ def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)  # by atomic rename: never through a link planted at path
+    finally:
+        plt.close(fig)
     return path

@@ -16,6 +16,7 @@ import numpy as np
 
 from flowerdro.advise.config import Budget, Candidate
 from flowerdro.advise.verdict import Advice, flwr_run_config, setting_text
+from flowerdro.runs.files import save_figure, write_text
 
 __all__ = ["best_per_strategy", "coverage", "figure", "markdown", "pareto_front", "trial_rows", "write_report"]
 
@@ -257,8 +258,10 @@ def figure(advice: Advice, path: Path) -> None:
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)  # by atomic rename: never through a link planted at path
+    finally:
+        plt.close(fig)
 
 
 def write_report(advice: Advice, out_dir: Path, figure_path: Path | None = None) -> None:
@@ -267,7 +270,7 @@ def write_report(advice: Advice, out_dir: Path, figure_path: Path | None = None)
     figure(advice, out_dir / "advice.png")
     if figure_path is not None:
         figure(advice, figure_path)
-    (out_dir / "advice.md").write_text(markdown(advice, "advice.png"))
+    write_text(out_dir / "advice.md", markdown(advice, "advice.png"), "the advice")
     payload = {k: v for k, v in vars(advice).items() if k != "output_dir"}
     payload["flwr_run_config"] = flwr_run_config(advice)
-    (out_dir / "advice.json").write_text(json.dumps(payload, indent=2, default=str))
+    write_text(out_dir / "advice.json", json.dumps(payload, indent=2, default=str), "the advice")

@@ -46,6 +46,7 @@ from flowerdro.data import DataConfig
 from flowerdro.data.node_cache import cached_client_data
 from flowerdro.models import build_model
 from flowerdro.protocol import ATTACKS, EVAL_SPLITS
+from flowerdro.validation import check_node_config, roll_call_reply
 
 #: Salts that keep the random streams of different phases apart.
 _SALT_TRAIN, _SALT_QUERY = 11, 23
@@ -132,17 +133,14 @@ def _torch_state(arrays: ArrayRecord, device: torch.device) -> dict[str, torch.T
 
 def partition_of(context: Context) -> tuple[int, int]:
     """Partition id and count of this node from its node config (simulation or ``--node-config``)."""
-    cfg = context.node_config
-    if "partition-id" not in cfg or "num-partitions" not in cfg:
+    node = check_node_config(context.node_config)
+    if node.partition_id is None or node.num_partitions is None:
         raise ValueError(
             "node-config: this ClientApp needs 'partition-id' and 'num-partitions' "
             "(simulation sets them; in a deployment start the SuperNode with "
             '--node-config "partition-id=0 num-partitions=2")'
         )
-    pid, n = int(cfg["partition-id"]), int(cfg["num-partitions"])
-    if not 0 <= pid < n:
-        raise ValueError(f"partition-id: must be in [0, {n}), got {pid}")
-    return pid, n
+    return node.partition_id, node.num_partitions
 
 
 #: Run-config ``precision`` values: the dtype of the client's data and model.
@@ -469,16 +467,14 @@ def init_reply(message: Message, context: Context) -> Message:
     Lets the server get initial weights without loading any data itself (deployments).
     With ``weights = false`` in the message's config the reply holds only the metrics
     (partition id, number of partitions, examples and classes): the server's roll call. A
-    node whose ``partition-id`` lies outside ``0..num-partitions − 1`` answers the roll call
-    with both numbers and nothing else, so the server can refuse it by name.
+    node whose ``partition-id`` or ``num-partitions`` is not an integer, or whose
+    ``partition-id`` lies outside ``0..num-partitions − 1``, answers the roll call with the
+    raw values and nothing else (:func:`flowerdro.validation.roll_call_reply`), so the
+    server refuses it naming the key and the value.
     """
     s = settings_for(message, context)
-    cfg = context.node_config
-    if not s.bool("weights", True) and "partition-id" in cfg:
-        pid, n = int(cfg["partition-id"]), int(cfg.get("num-partitions", 0) or 0)
-        if n > 0 and not 0 <= pid < n:
-            metrics = MetricRecord({"num-examples": 0, "partition-id": pid, "num-partitions": n})
-            return Message(content=RecordDict({"metrics": metrics}), reply_to=message)
+    if not s.bool("weights", True) and (early := roll_call_reply(message, context)) is not None:
+        return early
     rt = get_runtime(context)
     metrics = MetricRecord({"num-examples": rt.data.num_train, "partition-id": rt.partition_id,
                             "num-partitions": rt.num_partitions, "num-classes": rt.num_classes})

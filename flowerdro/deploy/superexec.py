@@ -26,6 +26,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from flowerdro.deploy.lifetime import guard_fork_child, guard_superexec
+
 __all__ = ["fork_task", "patch_executor"]
 
 _COMMAND = "flwr-clientapp"
@@ -52,6 +54,7 @@ def fork_task(args: Sequence[str], *, quiet: bool = False) -> int:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            guard_fork_child(args)  # ends with the SuperExec (kill -9 included) and on SIGTERM
             if quiet:
                 null = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(null, 1)
@@ -107,6 +110,7 @@ def patch_executor() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Patch the executor, import ``flwr-clientapp``'s code, then run ``flower-superexec ARGS``."""
+    guard_superexec(sys.argv[1:] if argv is None else argv)  # ends with its SuperNode (kill -9 included), on SIGTERM
     try:
         patch_executor()
     except RuntimeError as exc:

@@ -30,7 +30,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import signal
 import socket
 import stat
 import struct
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message
+
+from flowerdro.deploy.lifetime import guard_worker
 
 __all__ = ["WorkerError", "WorkerSettings", "forward", "serve", "socket_path", "worker_settings"]
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-pid", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # remove the socket on the way out
+    guard_worker(args.watch_pid)  # ends when the SuperExec is gone (kill -9 included) and on SIGTERM
     args.socket.with_suffix(".pid").write_text(str(os.getpid()))
     serve(args.socket, args.idle, args.watch_pid)
     return 0

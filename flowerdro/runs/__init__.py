@@ -1,4 +1,5 @@
-"""Run folders: their files, lock, checkpoints and what a finished run left (records, tables).
+"""Run folders: their files, lock, identity, checkpoints (with their optional key) and what a finished run
+left (records, tables).
 
 Below the strategies: a strategy's :class:`~flowerdro.runs.output.RunWriter` writes its
 folder, and everything here reads or writes files without knowing the algorithms.

@@ -7,6 +7,10 @@ who holds it to ``<folder>/<name>.lock.json``: process id, host, start time and,
 known, the Flower run id. A second run on the folder is refused at once with a
 :class:`FolderInUseError` that names the folder and that holder; it never waits.
 
+The lock file is opened without following a link (``O_NOFOLLOW``, filelock ≥ 3.20.3): a
+symbolic link planted in its place is refused, naming it, and its target is never
+opened or truncated. The holder file is replaced by rename (:func:`~flowerdro.runs.files.write_atomic`).
+
 A holder file left by a run that ended without releasing its lock (``kill -9``, a crash
 of its machine) is found when the lock is next taken: the lock itself is free (the
 operating system dropped it with the process), so it is taken over with a warning that
@@ -28,7 +32,7 @@ from typing import IO, Any
 import filelock
 from flwr.common import log
 
-from flowerdro.runs.files import RunFileError, write_atomic
+from flowerdro.runs.files import RunFileError, _link_error, write_atomic
 
 __all__ = ["FolderInUseError", "FolderLock", "describe_holder"]
 
@@ -110,7 +114,7 @@ class FolderLock:
                 f"{self.what}: {self.folder} is in use by another run ({describe_holder(self.holder())}; "
                 f"lock {self.path}); wait until it ends or stop it, or choose another {self.what}") from None
         except OSError as exc:
-            raise RunFileError("the lock", self.path, exc, action="take") from exc
+            raise _link_error(self.path, exc, what="the lock", action="take") from exc
         try:
             if (old := self.holder()) is not None:
                 log(WARNING, "%s: taking over the lock of %s from %s, which ended without releasing it (%s)",

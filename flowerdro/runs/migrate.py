@@ -7,9 +7,11 @@ converts them for the folders you name (and the folders below them), **unpicklin
 one**: run it only on checkpoints you wrote yourself, since unpickling a file can run any
 code in it.
 
-Each ``.pkl`` is loaded, written as the ``.npz`` of the same round, read back through the
-safe loader and compared with what was unpickled (every value, type and array bit), and
-only then removed (``--keep`` keeps it). Each folder is locked while it is converted, so a
+Each ``.pkl`` is loaded, written as the ``.npz`` of the same round (with the run identity
+its folder's ``settings.json`` records, signed with the key of the environment when one
+is set: :mod:`flowerdro.runs.integrity`), read back through the safe loader and compared
+with what was unpickled (every value, type and array bit), and only then removed
+(``--keep`` keeps it). Each folder is locked while it is converted, so a
 run using it is not disturbed. The exit code is 1 when a file could not be converted
 (each named), else 0.
 """
@@ -45,13 +47,15 @@ def migrate_folder(folder: str | Path, *, keep: bool = False) -> list[Path]:
     folder = Path(folder)
     written: list[Path] = []
     with FolderLock(folder):
-        for rnd, path in RunWriter(folder).pickled_checkpoints():
+        writer = RunWriter(folder)
+        identity = writer._settings().get("identity")  # noqa: SLF001  # the folder's own record
+        for rnd, path in writer.pickled_checkpoints():
             with path.open("rb") as fh:
                 state = pickle.load(fh)  # noqa: S301  # the user's own checkpoint, converted on request
             if not isinstance(state, dict) or state.get("round") != rnd:
                 raise ValueError(f"{path}: does not hold the checkpoint of round {rnd}")
-            target = save_checkpoint(folder / checkpoint_name(rnd), state)
-            if not _same(load_checkpoint(target), state):
+            target = save_checkpoint(folder / checkpoint_name(rnd), state, identity=identity, key=writer.key)
+            if not _same(load_checkpoint(target, key=writer.key), state):
                 target.unlink()
                 raise ValueError(f"{path}: its .npz conversion does not read back equal; left as it is")
             if not keep:

@@ -1,11 +1,14 @@
 """A run's files, written by an observer attached to a strategy.
 
 :class:`RunWriter` follows a strategy's run (:meth:`FairStrategy.add_observer`) and
-writes, under its folder: ``settings.json`` at the start (the settings and the planned
-``num_rounds``), one JSON line per round in ``rounds.jsonl``, a checkpoint of the whole
-server state every ``checkpoint-every`` rounds (``checkpoint_roundNNNN.npz``, the format
-of :mod:`flowerdro.runs.checkpoint`; the latest two are kept), and at the end
-``final_model.npz`` and ``progress.png``. A strategy without a writer writes nothing.
+writes, under its folder: ``settings.json`` at the start (the settings, the planned
+``num_rounds`` and the run's ``identity``, :mod:`flowerdro.runs.identity`), one JSON line
+per round in ``rounds.jsonl``, a checkpoint of the whole server state every
+``checkpoint-every`` rounds (``checkpoint_roundNNNN.npz``, the format of
+:mod:`flowerdro.runs.checkpoint`, with the identity in its header; the latest two are
+kept), and at the end ``final_model.npz``, ``progress.png`` and, under a key
+(:mod:`flowerdro.runs.integrity`), ``signature.json``. A strategy without a writer
+writes nothing.
 
 Rules of the folder:
 
@@ -13,17 +16,26 @@ Rules of the folder:
   ``run.lock``) from the start of the run to its end; a second run on the folder is
   refused naming the holder. :meth:`RunWriter.close` (or ``on_error``) releases it after
   a run that raised.
-* **Another run's folder** (its ``settings.json`` differs) is refused unless the writer
-  is told to ``overwrite`` it or to ``resume`` that run; a folder of the same run is
-  started afresh (old rounds and checkpoints removed) or, with ``resume``, continued
-  after its latest intact checkpoint (:meth:`RunWriter.resume_checkpoint`):
-  ``rounds.jsonl`` is cut back to that round.
+* **A run knows what it is.** Another run's folder (its identity differs in a key that
+  shapes the result) is refused, naming every such key with both values, unless the
+  writer is told to ``overwrite`` it; a folder of the same run is started afresh (old
+  rounds and checkpoints removed) or, with ``resume``, continued after its latest intact
+  checkpoint (:meth:`RunWriter.resume_checkpoint`): ``rounds.jsonl`` is cut back to that
+  round. A resume with other settings is refused the same way before any message, and so
+  is a finished run asked to continue with other settings (:meth:`RunWriter.finished_run`);
+  a checkpoint whose header holds another run's identity (copied from another folder) is
+  not used. A change of ``device``, ``threads``, ``data-dir`` or a patch release of
+  flowerdro or Flower is logged, not refused (:func:`~flowerdro.runs.identity.compare_identities`).
 * **The plan is part of the run.** A resumed run keeps its ``num_rounds``: fewer rounds
   than the plan are refused, more only with ``extend`` (logged, and recorded under
   ``extensions`` in ``settings.json``).
-* **Errors name their file.** Every file is written atomically or appended with a
-  cut-back on failure (:mod:`flowerdro.runs.files`); a full disk or a missing
-  permission fails the run with the path, and no temporary file stays behind.
+* **Nobody else's files.** Every file is written atomically (a link planted in its place
+  is replaced, its target untouched) or appended without following a link, and the
+  folder's own files are read the same way (:mod:`flowerdro.runs.files`); a full disk or a
+  missing permission fails the run with the path, and no temporary file stays behind.
+* **Under a key** (``FLOWERDRO_CHECKPOINT_KEY`` / ``FLOWERDRO_CHECKPOINT_KEY_FILE``) every
+  checkpoint carries an HMAC and a finished run's files are signed: a resume uses only
+  files whose HMAC holds.
 """
 
 from __future__ import annotations
@@ -32,25 +44,42 @@ import json
 import re
 from logging import WARNING
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common import log
 
 from flowerdro.runs.checkpoint import (
+    Checkpoint,
     CheckpointError,
+    check_model_arrays,
     checkpoint_name,
-    load_checkpoint,
+    read_checkpoint,
     save_checkpoint,
 )
-from flowerdro.runs.files import RunFileError, append_text, save_arrays, write_atomic
+from flowerdro.runs.files import (
+    RunFileError,
+    append_text,
+    arrays_from_bytes,
+    read_own,
+    save_arrays,
+    write_atomic,
+    write_text,
+)
+from flowerdro.runs.identity import (
+    RunIdentityError,
+    compare_identities,
+    describe_differences,
+    run_identity,
+)
+from flowerdro.runs.integrity import IntegrityError, RunKey, check_signature, run_key, sign_files
 from flowerdro.runs.lock import FolderLock
 
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
 
-__all__ = ["COMPACT_MIN", "PLAN_KEYS", "RunWriter", "check_plan", "compact_record", "expand_record", "json_default",
+__all__ = ["COMPACT_MIN", "FROM_ENVIRONMENT", "PLAN_KEYS", "SIGNED_FILES", "RunWriter", "check_plan", "compact_record", "expand_record", "json_default",
            "record_line"]
 
 
@@ -113,6 +142,10 @@ def record_line(record: dict[str, Any]) -> str:
 #: Keys of ``settings.json`` that describe the plan, not the run's identity: a resumed or
 #: restarted run may differ in them without being "another run".
 PLAN_KEYS = ("num_rounds", "extensions")
+#: The files of a finished run that ``signature.json`` covers (what a resume takes from disk).
+SIGNED_FILES = ("settings.json", "rounds.jsonl", "final_model.npz")
+#: ``RunWriter(key=...)`` default: the key of the environment (:func:`~flowerdro.runs.integrity.run_key`).
+FROM_ENVIRONMENT: Any = object()
 
 
 def check_plan(num_rounds: int, done: int, planned: int | None, *, extend: bool, where: str | Path) -> None:
@@ -172,15 +205,28 @@ class RunWriter:
         ``resume``).
     run_id : int, optional
         The Flower run id, written into the folder lock's holder file.
+    identity : dict, optional
+        The run's identity (:func:`~flowerdro.runs.identity.run_identity` of the strategy
+        and its run config; :func:`~flowerdro.strategies.registry.build_strategy` passes
+        it). Unset: the strategy's part of it, taken when the run starts.
+    key : RunKey or None, optional
+        The key of the HMACs (:mod:`flowerdro.runs.integrity`); default: the one the
+        environment gives, None for none.
+
+    Raises
+    ------
+    ValueError
+        ``extend`` without ``resume``; a key of the environment that cannot be used.
     """
 
     _CKPT = re.compile(r"checkpoint_round(\d+)\.npz$")
     _PICKLED = re.compile(r"checkpoint_round(\d+)\.pkl$")
-    _RUN_FILES = ("rounds.jsonl", "final_model.npz", "progress.png")
+    _RUN_FILES = ("rounds.jsonl", "final_model.npz", "progress.png", "signature.json")
 
     def __init__(self, output_dir: str | Path, *, plot: bool = True, resume: bool = False,
                  overwrite: bool = False, keep_checkpoints: int = 2, extend: bool = False,
-                 run_id: int | None = None) -> None:
+                 run_id: int | None = None, identity: dict[str, Any] | None = None,
+                 key: RunKey | None = FROM_ENVIRONMENT) -> None:
         if extend and not resume:
             raise ValueError("extend: only with resume = true (it lets a resumed run go beyond its planned "
                              "num-rounds); a fresh run takes num-rounds as its plan")
@@ -190,6 +236,13 @@ class RunWriter:
         self.lock = FolderLock(self.output_dir, run_id=run_id)
         #: The run's number of rounds (set when it starts; saved with each checkpoint).
         self.num_rounds: int | None = None
+        #: The run's identity (what shapes its result; :mod:`flowerdro.runs.identity`).
+        self.identity = identity
+        #: The key of the HMACs (None: unsigned files).
+        self.key: RunKey | None = run_key(self.output_dir) if key is FROM_ENVIRONMENT else key
+        #: The checkpoint :meth:`resume_checkpoint` chose (None before, or when it chose none).
+        self.resumed_from: Path | None = None
+        self._checked = False
 
     @property
     def rounds_path(self) -> Path:
@@ -213,6 +266,54 @@ class RunWriter:
         """A run that raised: release the folder's lock (the files written so far stay)."""
         self.close()
 
+    # ------------------------------------------------------------------ the run's identity
+    def check_identity(self, *, finished: int | None = None, recorded: dict[str, Any] | None = None) -> None:
+        """Refuse to continue the folder's run with settings that shape its result otherwise.
+
+        Compares :attr:`identity` with the one ``settings.json`` records (nothing to do when
+        either is unknown, or with ``overwrite``); differences of the environment are logged.
+
+        Parameters
+        ----------
+        finished : int, optional
+            The rounds of the folder's run when it is finished (the message says so).
+        recorded : dict, optional
+            The folder's settings as read already (default: ``settings.json`` read now).
+
+        Raises
+        ------
+        RunIdentityError
+            Naming every key that differs, with the run's value and this one.
+        """
+        if self.identity is None or self.overwrite:
+            return
+        settings = self._settings() if recorded is None else recorded
+        recorded = settings.get("identity")
+        if recorded is None:
+            if settings and not self._checked:
+                log(WARNING, "%s/settings.json records no run identity (written by an older flowerdro): the data "
+                    "and the model of the run are not checked", self.output_dir)
+            self._checked = True
+            return
+        refused, warned = compare_identities(recorded, self.identity)
+        if warned and not self._checked:
+            log(WARNING, "resume: the run in %s goes on, although it computed elsewhere or under other versions:\n%s",
+                self.output_dir, describe_differences(warned))
+        self._checked = True
+        if not refused:
+            return
+        if finished is not None:
+            raise RunIdentityError(
+                f"resume: the run in {self.output_dir} finished its {finished} rounds with other settings "
+                f"({', '.join(d.key for d in refused)}):\n"
+                f"{describe_differences(refused)}\nIt is kept as it is. To run these settings, choose another "
+                "output-dir, or set overwrite = true to replace it; to keep it, resume with its settings")
+        raise RunIdentityError(
+            f"resume: the run in {self.output_dir} was started with other settings "
+            f"({', '.join(d.key for d in refused)}), and a resumed run must go on with its own:\n"
+            f"{describe_differences(refused)}\nResume with the run's settings, or start afresh "
+            "in another output-dir (or with overwrite = true)")
+
     # ------------------------------------------------------------------ checkpoints
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(round, path) of every checkpoint in the folder, oldest first."""
@@ -227,17 +328,37 @@ class RunWriter:
             return []
         return sorted((int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := pattern.match(p.name)))
 
-    def latest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest intact checkpoint of the folder (None when the folder holds none).
-
-        A damaged checkpoint (truncated, empty, garbage, wrong checksum) is named in a
-        warning and the one before it is tried; when an older one is used, a warning
-        names it and its round.
+    def read_checkpoint(self, path: str | Path) -> Checkpoint:
+        """The checkpoint in ``path``, checked under the writer's key and against the run's identity.
 
         Raises
         ------
         CheckpointError
-            Every checkpoint in the folder is damaged (each file and its fault named), or
+            Damaged, not signed as the key requires, or of another run (its header's
+            identity differs from :attr:`identity` in a key that shapes the result: each
+            named with both values).
+        """
+        checkpoint = read_checkpoint(path, key=self.key)
+        if self.identity is not None and checkpoint.identity is not None:
+            refused, _ = compare_identities(checkpoint.identity, self.identity)
+            if refused:
+                raise CheckpointError(f"checkpoint {path} belongs to another run (its "
+                                      f"{', '.join(d.key for d in refused)} differ):\n"
+                                      + describe_differences(refused, "in the checkpoint", "in this run"))
+        return checkpoint
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest usable checkpoint of the folder (None when the folder holds none).
+
+        A checkpoint that is damaged (truncated, empty, garbage, wrong checksum), fails its
+        HMAC, or holds another run's identity is named in a warning and the one before it
+        is tried; when an older one is used, a warning names it and its round.
+        :attr:`resumed_from` is the file used.
+
+        Raises
+        ------
+        CheckpointError
+            Every checkpoint in the folder is unusable (each file and its fault named), or
             the folder holds pickled ``.pkl`` checkpoints (never loaded; the error says
             how to convert them).
         """
@@ -252,33 +373,41 @@ class RunWriter:
         tried: list[str] = []
         for rnd, path in reversed(self.checkpoints()):
             try:
-                checkpoint = load_checkpoint(path)
+                checkpoint = self.read_checkpoint(path)
             except CheckpointError as exc:
                 log(WARNING, "%s; trying the checkpoint before it", exc)
                 tried.append(str(exc))
                 continue
             if tried:
-                log(WARNING, "resuming from %s (round %d): %d newer checkpoint%s damaged", path, rnd,
+                log(WARNING, "resuming from %s (round %d): %d newer checkpoint%s damaged or refused", path, rnd,
                     len(tried), "" if len(tried) == 1 else "s")
-            return checkpoint
+            if checkpoint.identity is None and self.identity is not None:
+                log(WARNING, "checkpoint %s records no run identity (written by an older flowerdro): its data "
+                    "and model are checked against settings.json only", path)
+            self.resumed_from = path
+            return checkpoint.state
         if tried:
             raise CheckpointError(f"{self.output_dir} holds no intact checkpoint; tried, newest first: "
                                   + "; ".join(tried))
         return None
 
     def resume_checkpoint(self, num_rounds: int) -> dict[str, Any] | None:
-        """The checkpoint to continue the run from, with ``num_rounds`` checked against its plan.
+        """The checkpoint to continue the run from, with its identity and ``num_rounds`` checked.
 
-        Returns :meth:`latest_checkpoint`, or None (logged: "no checkpoint, starting
+        Checks the run's identity against the folder's (:meth:`check_identity`), then
+        returns :meth:`latest_checkpoint`, or None (logged: "no checkpoint, starting
         afresh") when the folder holds no checkpoint; the run then starts from round 1.
 
         Raises
         ------
+        RunIdentityError
+            The folder's run has other settings (every key named with both values).
         CheckpointError
             See :meth:`latest_checkpoint`.
         ValueError
             ``num_rounds`` breaks the run's plan (:func:`check_plan`).
         """
+        self.check_identity()
         checkpoint = self.latest_checkpoint()
         if checkpoint is None:
             records = self.rounds_path.read_text().count("\n") if self.rounds_path.is_file() else 0
@@ -289,15 +418,59 @@ class RunWriter:
         check_plan(num_rounds, int(checkpoint["round"]), planned, extend=self.extend, where=self.output_dir)
         return checkpoint
 
+    def check_model(self, checkpoint: dict[str, Any], model: Any) -> None:
+        """Refuse a checkpoint to resume whose model differs from ``model`` (names, shapes, dtypes).
+
+        Raises
+        ------
+        CheckpointError
+            Naming the checkpoint file (:func:`~flowerdro.runs.checkpoint.check_model_arrays`).
+        """
+        where = self.resumed_from or self.output_dir
+        check_model_arrays(checkpoint, model, where)
+
+    def finished_run(self, num_rounds: int) -> tuple[list[dict[str, Any]], ArrayRecord] | None:
+        """The records and final model of the folder's run when it finished ``num_rounds`` rounds (else None).
+
+        Raises
+        ------
+        RunIdentityError
+            The run finished with other settings (every key named with both values).
+        IntegrityError
+            Its files fail their HMAC under the key (or are signed while no key is set).
+        RunFileError
+            One of them is a planted link.
+        """
+        final, rounds = self.output_dir / "final_model.npz", self.rounds_path
+        if not final.is_file() or not rounds.is_file():
+            return None
+        # each file is read once: what is checked is what is used
+        files = {name: read_own(self.output_dir / name, name) for name in SIGNED_FILES
+                 if (self.output_dir / name).is_file()}
+        records = [expand_record(json.loads(line)) for line in files["rounds.jsonl"].decode().splitlines()
+                   if line.strip()]
+        if not records or int(records[-1]["round"]) != num_rounds:
+            return None
+        settings = self._parse_settings(files["settings.json"]) if "settings.json" in files else {}
+        self.check_identity(finished=num_rounds, recorded=settings)
+        signature_path = self.output_dir / "signature.json"
+        signature = json.loads(read_own(signature_path, "signature")) if signature_path.is_file() else None
+        if (why := check_signature(self.key, signature, files, self.output_dir, SIGNED_FILES)) is not None:
+            raise IntegrityError(f"resume: the finished run in {self.output_dir} is not taken from disk: {why}")
+        return records, arrays_from_bytes(files["final_model.npz"])
+
     def save_checkpoint(self, state: dict[str, Any], server_round: int) -> Path:
         """Write ``state`` as ``checkpoint_roundNNNN.npz`` (atomically) and drop the oldest beyond the kept ones.
+
+        The header carries the run's identity; under a key the file carries its HMAC.
 
         Raises
         ------
         flowerdro.runs.files.RunFileError
             The checkpoint could not be written (the path is named; the older checkpoints stay).
         """
-        path = save_checkpoint(self.output_dir / checkpoint_name(server_round), state)
+        path = save_checkpoint(self.output_dir / checkpoint_name(server_round), state, identity=self.identity,
+                               key=self.key)
         for _, old in self.checkpoints()[:-self.keep_checkpoints]:
             self._remove(old, "old checkpoint")
         return path
@@ -313,15 +486,29 @@ class RunWriter:
             raise
 
     def _start(self, strategy: FairStrategy, num_rounds: int) -> None:
+        if self.identity is None:
+            self.identity = run_identity(strategy)
         settings = json.loads(json.dumps(strategy.settings(), default=json_default))
         old = self._settings()
         if old and not self.overwrite:
-            diff = sorted(k for k in (set(old) | set(settings)) - set(PLAN_KEYS) if old.get(k) != settings.get(k))
-            if diff:
-                raise ValueError(
-                    f"output-dir: {self.output_dir} holds another run (settings differ in {', '.join(diff[:5])}); "
-                    "choose another output-dir, or set overwrite = true to replace it"
-                    + (", or resume = true only for the same run" if self.resume else ""))
+            if self.resume and strategy.history:
+                self.check_identity()
+            elif "identity" in old:
+                refused, _ = compare_identities(old["identity"], self.identity)
+                if refused:
+                    raise ValueError(
+                        f"output-dir: {self.output_dir} holds another run (settings differ in "
+                        f"{', '.join(d.key for d in refused)}):\n"
+                        + describe_differences(refused, "there", "now")
+                        + "\nChoose another output-dir, or set overwrite = true to replace it"
+                        + (", or resume = true only for the same run" if self.resume else ""))
+            else:  # a folder of an older flowerdro: its flat settings
+                diff = sorted(k for k in (set(old) | set(settings)) - set(PLAN_KEYS) if old.get(k) != settings.get(k))
+                if diff:
+                    raise ValueError(
+                        f"output-dir: {self.output_dir} holds another run (settings differ in {', '.join(diff[:5])}); "
+                        "choose another output-dir, or set overwrite = true to replace it"
+                        + (", or resume = true only for the same run" if self.resume else ""))
         extensions = list(old.get("extensions", [])) if old else []
         if self.resume and strategy.history:
             done = int(strategy.history[-1]["round"])
@@ -331,6 +518,7 @@ class RunWriter:
                 log(WARNING, "[%s] extend = true: the run in %s planned for %d rounds goes on to %d "
                     "(recorded in settings.json)", strategy.run_name, self.output_dir, planned, num_rounds)
                 extensions.append({"from": planned, "to": num_rounds, "after_round": done})
+            self._remove(self.output_dir / "signature.json", "signature of the earlier end")
             self._write_text(self.rounds_path, "".join(record_line(r) for r in strategy.history), "round records")
             for rnd, path in self.checkpoints():
                 if rnd > done:
@@ -346,6 +534,7 @@ class RunWriter:
         settings["num_rounds"] = num_rounds
         if extensions:
             settings["extensions"] = extensions
+        settings["identity"] = self.identity
         self._write_text(self.output_dir / "settings.json", json.dumps(settings, indent=2), "settings")
 
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
@@ -356,8 +545,8 @@ class RunWriter:
             self.save_checkpoint({**strategy.server_state(), "num_rounds": self.num_rounds}, int(record["round"]))
 
     def on_end(self, strategy: FairStrategy, final: ArrayRecord) -> None:
-        """Write ``final_model.npz``, the strategy's own files and ``progress.png`` (a plot never fails a run);
-        release the folder's lock."""
+        """Write ``final_model.npz``, the strategy's own files, ``signature.json`` under a key and
+        ``progress.png`` (a plot never fails a run); release the folder's lock."""
         try:
             self._end(strategy, final)
         finally:
@@ -372,6 +561,10 @@ class RunWriter:
             else:
                 write_atomic(path, lambda fh, c=content: np.savez(fh, **{k: np.asarray(v) for k, v in c.items()}),
                              "output file")
+        if self.key is not None:
+            files = {name: read_own(self.output_dir / name, name) for name in SIGNED_FILES}
+            self._write_text(self.output_dir / "signature.json", json.dumps(sign_files(self.key, files), indent=2),
+                             "signature")
         if not self.plot:
             return
         try:
@@ -386,25 +579,24 @@ class RunWriter:
     def _settings(self) -> dict[str, Any]:
         """The folder's ``settings.json`` (empty when absent)."""
         path = self.output_dir / "settings.json"
-        if not path.is_file():
+        if not path.is_file() and not path.is_symlink():
             return {}
+        return self._parse_settings(read_own(path, "settings"))
+
+    def _parse_settings(self, data: bytes) -> dict[str, Any]:
+        path = self.output_dir / "settings.json"
         try:
-            data = json.loads(path.read_text())
+            settings = json.loads(data)
         except ValueError as exc:
             raise ValueError(f"output-dir: {path} is not valid JSON ({exc}); repair or remove it, or set "
                              "overwrite = true") from exc
-        except OSError as exc:
-            raise RunFileError("settings", path, exc, action="read") from exc
-        if not isinstance(data, dict):
+        if not isinstance(settings, dict):
             raise ValueError(f"output-dir: {path} does not hold a settings object; repair or remove it")
-        return data
+        return settings
 
     @staticmethod
     def _write_text(path: Path, text: str, what: str) -> None:
-        def write(fh: IO[bytes]) -> None:
-            fh.write(text.encode())
-
-        write_atomic(path, write, what)
+        write_text(path, text, what)
 
     @staticmethod
     def _remove(path: Path, what: str) -> None:

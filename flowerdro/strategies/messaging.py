@@ -42,6 +42,7 @@ from flowerdro.deploy.grid import pull_replies
 from flowerdro.protocol import CLIENT_RECORD, NUM_EXAMPLES, PARTITION_ID
 from flowerdro.runs.codec import register_state
 from flowerdro.strategies.arrays import check_arrays, record_bytes
+from flowerdro.validation import roll_call_problem
 
 __all__ = ["Communicator", "DeterministicClientError", "Expected", "Failure", "RunFailedError", "metrics_of",
            "initial_arrays", "missing_route_hint"]
@@ -184,6 +185,9 @@ class Communicator:
         self.refused: dict[int, tuple[int | None, int | None, str]] = {}
         #: Node id → what its ``query.init`` reply said of the client (e.g. ``{"mods": [...]}``).
         self.client_info: dict[int, dict] = {}
+        #: The run config whose data keys a node's ``num-partitions`` must suit at the roll call
+        #: (:func:`flowerdro.validation.roll_call_problem`; set by flowerdro's comparison driver).
+        self.run_config: Mapping[str, Any] | None = None
         #: (round, phase, kind, reason) of the failures whose reason was logged in full.
         self._logged: set[tuple[int, str, str, str]] = set()
 
@@ -534,6 +538,9 @@ class Communicator:
                 continue
             nid = int(reply.metadata.src_node_id)
             self.note_client(nid, reply)
+            if (why := roll_call_problem(reply, self.run_config)) is not None:
+                self.refuse(nid, None, why)
+                continue
             metrics = reply.content.metric_records.get("metrics")
             if metrics is None or PARTITION_ID not in metrics:
                 continue

@@ -23,6 +23,7 @@ from typing import Any
 from flwr.common import log
 
 from flowerdro.protocol import NodeSettings, TrainingSettings
+from flowerdro.runs.identity import run_identity
 from flowerdro.runs.output import RunWriter
 from flowerdro.runs.settings import RunSettings
 from flowerdro.settings import (
@@ -183,7 +184,7 @@ def build_strategy(
     strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite, extend=extend,
-                                        run_id=run_id))
+                                        run_id=run_id, identity=run_identity(strategy, run_config, algorithm=name)))
     return strategy
 
 

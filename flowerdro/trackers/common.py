@@ -197,13 +197,13 @@ def run_folder(strategy: FairStrategy) -> Path | None:
 def run_figures(strategy: FairStrategy) -> list[Path]:
     """``progress.png`` of the strategy's run folder, when its RunWriter drew it."""
     folder = run_folder(strategy)
-    return [p for p in ([folder / "progress.png"] if folder else []) if p.is_file()]
+    return [p for p in ([folder / "progress.png"] if folder else []) if p.is_file() and not p.is_symlink()]
 
 
 def comparison_figures(comparison: Comparison) -> list[Path]:
     """``comparison.png`` of a comparison, when it was written."""
     out = comparison.output_dir
-    return [p for p in ([Path(out) / "comparison.png"] if out else []) if p.is_file()]
+    return [p for p in ([Path(out) / "comparison.png"] if out else []) if p.is_file() and not p.is_symlink()]
 
 
 class Tracker(Observer):

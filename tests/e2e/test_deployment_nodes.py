@@ -1,10 +1,12 @@
-"""Misconfigured SuperNodes on a loopback deployment: a second one for a live partition, one out of range.
+"""Misconfigured SuperNodes on a loopback deployment: a second one for a live partition, one out
+of range, one whose partition id is not a number.
 
 Three SuperNodes serve partitions 0, 1, 2 of 3; a fourth is started with ``partition-id=0``
-(the operator copied a command line) and a fifth with ``partition-id=7``. The run must
-complete with the numbers of the three right nodes (every partition evaluated, none
-missing, no partition moving between nodes), and every round record must name the two
-refused nodes with the reason, as the server's log does once.
+(the operator copied a command line), a fifth with ``partition-id=7`` and a sixth with
+``partition-id="abc"``. The run must complete with the numbers of the three right nodes
+(every partition evaluated, none missing, no partition moving between nodes), and every
+round record must name the three refused nodes with the reason (the key and the value),
+as the server's log does once.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def test_a_duplicate_and_an_out_of_range_supernode_are_refused_by_name(deploymen
         dep.start_supernode(p)
     dep.start_supernode(0, name="duplicate")
     dep.start_supernode(7, name="out_of_range")
-    dep.wait_online(5)
-    run_id = dep.submit(run_config(num_rounds=2, strategies='fedavg', output_dir=str(out), min_available_nodes=5))
+    dep.start_supernode('"abc"', name="not_a_number")  # type: ignore[arg-type]  # --node-config 'partition-id="abc"'
+    dep.wait_online(6)
+    run_id = dep.submit(run_config(num_rounds=2, strategies='fedavg', output_dir=str(out), min_available_nodes=6))
     assert wait_run(run_id, dep.env, timeout=900) == "finished:completed", dep.tail("superlink")
     records = _records(out / "fedavg")
     assert [r["round"] for r in records] == [1, 2]
@@ -43,8 +46,9 @@ def test_a_duplicate_and_an_out_of_range_supernode_are_refused_by_name(deploymen
         assert sorted(rec["client_acc"]) == ["0", "1", "2"] and rec["missing"] == {}, rec
         assert not rec["failures"], rec["failures"]
         reasons = sorted(rec["refused"].values())
-        assert len(reasons) == 2, rec["refused"]
+        assert len(reasons) == 3, rec["refused"]
         assert any(r.startswith("partition 0 is served by node") for r in reasons), reasons
         assert any("partition-id 7 is outside 0..2" in r for r in reasons), reasons
+        assert "its node config: partition-id: expected an integer, got 'abc'" in reasons, reasons
     log = flwr(["log", run_id, "deploy", "--show"], dep.env).stdout
     assert "refused" in log and "moved from node" not in log, log[-3000:]

@@ -16,9 +16,9 @@ import pytest
 from flowerdro.apps.client_app import app as client_app
 from flowerdro.apps.server_app import run_strategies
 from flowerdro.experiments import InProcessGrid
+from flowerdro.runs.files import load_arrays
 from flowerdro.runs.report import final_summary
 from flowerdro.runs.results import load_records
-from flowerdro.runs.files import load_arrays
 from flowerdro.strategies.base import RunFailedError
 
 NOISE, DELTA = 1.5, 1e-5

@@ -91,7 +91,7 @@ def test_the_file_is_an_npz_of_plain_arrays_and_json(tmp_path):
         assert all(not data[n].dtype.hasobject for n in data.files)
         import json
         meta = json.loads(data["meta"].tobytes())
-    assert (meta["format"], meta["version"], meta["round"]) == ("flowerdro-checkpoint", 1, 3)
+    assert (meta["format"], meta["version"], meta["round"]) == ("flowerdro-checkpoint", 2, 3)
 
 
 def test_a_failed_write_leaves_no_temporary_file_and_the_old_checkpoint(tmp_path, monkeypatch):
