@@ -44,6 +44,9 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+#: Run ids of the grids made in this process (each grid is one run unless told otherwise).
+_RUN_IDS = count(1)
+
 FAULT_MODES = ("raise", "timeout", "slow", "nan", "nan-metric", "shape", "float64", "extra-metric",
                "missing-record")
 
@@ -139,6 +142,9 @@ class InProcessGrid(LocalGrid):
         at different times.
     skew : float (default: 0.0)
         Simulated seconds the grid's :meth:`clock` runs ahead of wall time.
+    run_id : int or None (default: None)
+        The Flower run id in every node's Context; None: a new one for each grid, so two
+        grids in one process are two runs (the clients key what they keep by it).
     """
 
     app: ClientApp
@@ -149,6 +155,7 @@ class InProcessGrid(LocalGrid):
     calls: int = 0
     replies_per_pull: int | None = None
     skew: float = 0.0
+    run_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -158,9 +165,10 @@ class InProcessGrid(LocalGrid):
         # Scrambled 31-bit ids, deterministic: partition k <-> node id.
         self.node_ids = [int((k * 2654435761 + 97531) % 2_147_483_629) + 1 for k in range(self.num_nodes)]
         self.partition_of_node = {nid: k for k, nid in enumerate(self.node_ids)}
+        self.run_id = next(_RUN_IDS) if self.run_id is None else int(self.run_id)
         self.contexts = {
             nid: Context(
-                run_id=1,
+                run_id=self.run_id,
                 node_id=nid,
                 node_config={"partition-id": k, "num-partitions": self.num_nodes},
                 state=RecordDict(),

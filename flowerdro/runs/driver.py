@@ -141,12 +141,16 @@ def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) ->
             if not reply.has_error() and "arrays" in reply.content.array_records:
                 return reply.content.array_records["arrays"]
             if reply.has_error():
-                log(WARNING, "query.init failed on node %d: %s", nid, reply.error.reason)
-                reasons.append(str(reply.error.reason))
+                reason = str(reply.error.reason)
+                log(WARNING, "query.init failed on node %d: %s", nid,
+                    "the same error as above" if reason in reasons else reason)
+                reasons.append(reason)
         if not replies:
             reasons.append(f"node {nid} did not answer within {timeout:.0f} s")
+    first = reasons[0].partition("\n")[0] if reasons else "no reply"
     raise RuntimeError("could not get initial model weights from any client (query.init failed); "
-                       f"first reason: {reasons[0] if reasons else 'no reply'}")
+                       f"first reason: {first}" + (" (the client-side traceback is in the log above)"
+                                                   if reasons and "\n" in reasons[0] else ""))
 
 
 def run_plans(

@@ -67,6 +67,7 @@ from flowerdro.strategies.records import (
     round_line,
     round_record,
 )
+from flowerdro.strategies.settings_log import sent_training_note, settings_lines
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError", "StopRun"]
 
@@ -211,10 +212,8 @@ class FairStrategy(ServerState, Strategy):
     def summary(self) -> None:
         """Log the settings as a small tree (the caller is identified first: a DP wrapper is checked here)."""
         self._identify_caller(sys._getframe(1))
-        items = list(self.settings().items())
-        log(INFO, "\t├──> %s settings:", self.run_name)
-        for i, (k, v) in enumerate(items):
-            log(INFO, "\t│\t%s── %s: %s", "└" if i == len(items) - 1 else "├", k, v)
+        for line in settings_lines(self):
+            log(INFO, "\t%s", line)
 
     def add_observer(self, observer: Any) -> None:
         """Follow the run: ``observer`` may define ``on_start(strategy, num_rounds)``,
@@ -351,6 +350,9 @@ class FairStrategy(ServerState, Strategy):
             check_integer_arrays(self, arrays)
         self.current_arrays = arrays
         messages = list(self.train_messages(server_round, arrays, config, grid))
+        if not self._training_noted and (note := sent_training_note(self, messages, config)) is not None:
+            log(INFO, note)
+        self._training_noted = True
         self._expected["train"] = Expected("train", messages, arrays, self.train_array_keys,
                                            tuple(self.train_required_metrics))
         self._train_aggregated = False
@@ -577,6 +579,7 @@ class FairStrategy(ServerState, Strategy):
 
     _driving = False
     _stopped = False
+    _training_noted = False  # the first training messages were checked against the settings
 
     def _fail_if_stuck(self) -> None:
         """Raise :class:`RunFailedError` after ``max-failed-rounds`` rounds without training or evaluation."""
@@ -693,6 +696,10 @@ class FairStrategy(ServerState, Strategy):
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         self._driving, self._stopped = True, False
         try:
+            if evaluate_fn is not None and resume is None:  # the initial model, as Flower's Strategy.start does
+                if (res := evaluate_fn(0, arrays)) is not None:
+                    result.evaluate_metrics_serverapp[0] = res
+                log(INFO, "[%s] initial global evaluation: %s", self.run_name, res)
             for rnd in range(first, num_rounds + 1):
                 arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
                 result.arrays = arrays

@@ -116,6 +116,17 @@ _NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
 _LEGACY_TYPE = re.compile(r"Invalid message type: (?:train|evaluate|query)\.\w+")
 
 
+def _error_head(reason: str) -> str:
+    """A client error's first line, pointing to the logged traceback when the reason carries one.
+
+    flowerdro's client routes answer an exception with its type and message, then the
+    client-side traceback (:func:`flowerdro.clients.errors.describe`); the dropped reply's
+    log line shows all of it once, the run's error repeats only the first line.
+    """
+    head, _, rest = reason.partition("\n")
+    return head + (" (the client-side traceback is in the log above)" if rest else "")
+
+
 def missing_route_hint(reason: str) -> str | None:
     """What to do when clients lack a message type's handler (None for another reason).
 
@@ -307,7 +318,7 @@ class Communicator:
                 hint = missing_route_hint(reason)
                 raise DeterministicClientError(
                     f"[{self.run_name}] round {self.round} {phase}: all {asked} clients failed with the same error, "
-                    f"so every round would: {reason}" + (f"\n=> {hint}" if hint else ""))
+                    f"so every round would: {_error_head(reason)}" + (f"\n=> {hint}" if hint else ""))
 
     def _send_and_receive(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
         """Push ``messages`` once and pull their replies until all have come or ``timeout`` s have passed.
