@@ -161,9 +161,17 @@ class LegacyStrategy(Strategy):
     def _parameters(self, arrays: ArrayRecord | None) -> Parameters | None:
         return None if arrays is None else ndarrays_to_parameters([arrays[k].numpy() for k in arrays.keys()])
 
-    def _instructions(self, messages: list[Message], client_manager: ClientManager, make: Callable[..., Any]
-                      ) -> list[tuple[ClientProxy, Any]]:
+    def _instructions(self, messages: list[Message], client_manager: ClientManager, make: Callable[..., Any],
+                      grid: Any = None) -> list[tuple[ClientProxy, Any]]:
+        """The messages as (proxy, FitIns/EvaluateIns); an in-process grid is told their order.
+
+        The legacy Server sends them from a thread pool; a grid whose clients share this
+        process (:meth:`flowerdro.experiments.InProcessGrid.run_in_order`) then runs them in
+        the order the strategy made them, whatever the threads' timing.
+        """
         proxies = {int(p.node_id): p for p in client_manager.all().values()}
+        if callable(order := getattr(grid, "run_in_order", None)):
+            order([int(m.metadata.dst_node_id) for m in messages])
         self._sent = {int(m.metadata.dst_node_id): m for m in messages}
         out = []
         for m in messages:
@@ -235,7 +243,7 @@ class LegacyStrategy(Strategy):
         grid = self._grid(client_manager)
         messages = list(self.strategy.configure_train(server_round, self._arrays(parameters), ConfigRecord(), grid))
         uniform = self._uniform()
-        instructions = self._instructions(messages, client_manager, FitIns)
+        instructions = self._instructions(messages, client_manager, FitIns, grid)
         if uniform:
             for _, ins in instructions:
                 ins.config["flowerdro.weight"] = "uniform"
@@ -262,7 +270,7 @@ class LegacyStrategy(Strategy):
         grid = self._grid(client_manager)
         messages = list(self.strategy.configure_evaluate(server_round, self._arrays(parameters), ConfigRecord(),
                                                          grid))
-        return self._instructions(messages, client_manager, EvaluateIns)
+        return self._instructions(messages, client_manager, EvaluateIns, grid)
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:

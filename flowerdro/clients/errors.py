@@ -26,15 +26,23 @@ __all__ = ["FRAMES", "describe", "error_reply", "reply_errors"]
 FRAMES = 5
 
 
-def _installed(filename: str) -> bool:
-    """Whether a frame's file belongs to an installed library (Flower, torch, ...), not to the project."""
-    return "site-packages" in filename or "dist-packages" in filename or filename.startswith("<frozen")
+#: flowerdro's modules that only route a message to its handler (their frames locate nothing).
+ROUTING = ("flowerdro/clients/errors.py", "flowerdro/clients/mods.py", "flowerdro/clients/routes.py",
+           "flowerdro/legacy_wire.py", "flowerdro/legacy.py")
+
+
+def _skipped(frame: traceback.FrameSummary) -> bool:
+    """Whether a frame says nothing of where an error is: an installed library's (Flower, torch, ...) or
+    one of flowerdro's routing frames (:data:`ROUTING`, and the ``__call__`` of a route)."""
+    name = frame.filename.replace("\\", "/")
+    return ("site-packages" in name or "dist-packages" in name or name.startswith("<frozen")
+            or name.endswith(ROUTING) or (frame.name == "__call__" and "/flowerdro/" in name))
 
 
 def _frames(exc: BaseException, limit: int) -> list[str]:
-    """The innermost ``limit`` frames of ``exc`` outside installed libraries, and the frame that raised it."""
+    """The innermost ``limit`` frames of ``exc`` that locate it (:func:`_skipped`), and the frame that raised it."""
     frames = traceback.extract_tb(exc.__traceback__)
-    kept = [f for i, f in enumerate(frames) if i == len(frames) - 1 or not _installed(f.filename)]
+    kept = [f for i, f in enumerate(frames) if i == len(frames) - 1 or not _skipped(f)]
     return [f'  File "{f.filename}", line {f.lineno}, in {f.name}' + (f"\n    {f.line}" if f.line else "")
             for f in kept[-limit:]]
 
@@ -43,8 +51,8 @@ def describe(exc: BaseException, frames: int = FRAMES) -> str:
     """``"<Type>: <message>"``, then the frames that locate it (the cause's first, as Python prints them).
 
     The first line is the error as a user reads it. The frames (file, line, function,
-    source; installed libraries' frames left out but for the one that raised) say where it
-    happened, and hold no process id or address, so two clients that fail alike send the
+    source; installed libraries' and flowerdro's routing frames left out, but for the one
+    that raised) say where it happened, and hold no process id or address, so two clients that fail alike send the
     same text.
     """
     chain = [exc]

@@ -47,6 +47,9 @@ from flwr.serverapp import Grid
 #: Run ids of the grids made in this process (each grid is one run unless told otherwise).
 _RUN_IDS = count(1)
 
+#: Real seconds a call waits for the calls ahead of it in :meth:`InProcessGrid.run_in_order`'s order.
+ORDER_WAIT = 10.0
+
 FAULT_MODES = ("raise", "timeout", "slow", "nan", "nan-metric", "shape", "float64", "extra-metric",
                "missing-record")
 
@@ -181,6 +184,8 @@ class InProcessGrid(LocalGrid):
         self._pushed_at: dict[str, float] = {}  # message id -> clock() when pushed
         self._run: Any = None
         self._lock = threading.RLock()
+        self._turn = threading.Condition()
+        self._order: list[int] = []
         ensure_task_identity()
 
     # -- nodes that die and restart (tests of a SuperNode restart) -----------------------
@@ -256,14 +261,55 @@ class InProcessGrid(LocalGrid):
                 replies.append(reply)
         return replies
 
+    # -- the order of the legacy Server's threads ------------------------------------------
+    def run_in_order(self, node_ids: Iterable[int]) -> None:
+        """Let the next one-message :meth:`send_and_receive` calls to ``node_ids`` run in this order.
+
+        Flower's legacy ``Server`` sends each client's FitIns/EvaluateIns from its own
+        thread of a pool; which thread comes first depends on the host's timing, and the
+        nodes of this grid share torch's global generator (a project's shuffling loader,
+        its ``Net()`` in ``client_fn``), so the order would change the run.
+        :class:`~flowerdro.legacy.LegacyStrategy` hands its instructions' order here; a
+        call that does not come within :data:`ORDER_WAIT` seconds is passed over.
+        """
+        with self._turn:
+            self._order = [int(n) for n in node_ids]
+            self._turn.notify_all()
+
+    def _take_turn(self, nid: int) -> bool:
+        """Wait until ``nid`` is first in :meth:`run_in_order`'s order; False when it is not in it."""
+        with self._turn:
+            if nid not in self._order:
+                return False
+            if not self._turn.wait_for(lambda: nid not in self._order or self._order[0] == nid, ORDER_WAIT):
+                del self._order[:self._order.index(nid)]  # the calls ahead of it never came
+            return True
+
+    def _end_turn(self, nid: int) -> None:
+        with self._turn:
+            if nid in self._order:
+                self._order.remove(nid)
+            self._turn.notify_all()
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Run the ClientApp for each message in turn and collect the replies.
 
         A reply that took longer than ``timeout`` (its run time plus a ``slow`` fault's
         simulated seconds) is discarded, as a SuperLink would. The clients answer in
         parallel on a real grid, so the :meth:`clock` moves on by the longest simulated
-        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``).
+        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``). A call with
+        one message to a node of :meth:`run_in_order`'s order waits for its turn.
         """
+        messages = list(messages)
+        nid = int(messages[0].metadata.dst_node_id) if len(messages) == 1 else None
+        turn = nid is not None and self._take_turn(nid)
+        try:
+            return self._send_and_receive(messages, timeout)
+        finally:
+            if turn:
+                self._end_turn(nid)  # type: ignore[arg-type]
+
+    def _send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
         replies, waited = [], 0.0
         for msg in messages:
             self._accept(msg)

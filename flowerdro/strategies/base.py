@@ -719,6 +719,8 @@ class FairStrategy(ServerState, Strategy):
             result.arrays = self.finish(arrays)
         except BaseException as exc:
             self._notify("on_error", exc)  # e.g. the RunWriter releases its folder's lock
+            if isinstance(exc, RunFailedError):  # a reported failure, not a bug: its message says all, so the
+                raise exc.with_traceback(None) from exc.__cause__  # traceback starts here, not in the reply checks
             raise
         finally:
             self._driving = False

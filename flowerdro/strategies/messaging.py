@@ -306,13 +306,16 @@ class Communicator:
         if not failures:
             return
         by_reason = Counter((f.kind, f.reason) for f in failures)
+        everyone = valid == 0 and asked >= 2 and len(failures) == asked and len(by_reason) == 1
         for (kind, reason), n in by_reason.items():
+            if everyone and kind == "error":
+                break  # the error below says it
             if n > 1:
                 parts = sorted({f.partition_id for f in failures if (f.kind, f.reason) == (kind, reason)},
                                key=lambda p: (p is None, p or 0))
                 log(WARNING, "[%s] round %d %s: the same %s on %d clients (partitions %s)", self.run_name,
                     self.round, phase, kind, n, ", ".join(str(p) for p in parts))
-        if valid == 0 and asked >= 2 and len(failures) == asked and len(by_reason) == 1:
+        if everyone:
             (kind, reason), = by_reason
             if kind == "error":
                 hint = missing_route_hint(reason)

@@ -169,22 +169,27 @@ def digest(api: str, out: dict[str, Any]) -> dict[str, Any]:
             "model_sq": float((flat ** 2).sum())}
 
 
-def experiment(api: str, strategy: str, seed: int, rounds: int, dest: Path) -> dict[str, Any]:
-    """One seeded experiment: ``torch.manual_seed(seed)``, a new grid and strategy; its :func:`digest`."""
+def experiment(api: str, root: Path, modules: tuple[ModuleType, ModuleType], strategy: str, seed: int,
+               rounds: int = 2) -> dict[str, Any]:
+    """One seeded experiment on the loaded project: ``torch.manual_seed(seed)``, a new grid and strategy.
+
+    Returns its :func:`digest`. One torch thread, so that a run's sums do not depend on the
+    process's thread count.
+    """
     import torch
 
-    root = convert(api, dest)
+    torch.set_num_threads(1)
     rc = run_config(root, strategy=strategy, **{"num-server-rounds": rounds})
     torch.manual_seed(seed)
-    return digest(api, run_in_process(api, root, rc))
+    return digest(api, run_in_process(api, root, rc, modules=modules))
 
 
 if __name__ == "__main__":
+    import os
     import tempfile
 
     api_, strategy_, seed_, rounds_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     with tempfile.TemporaryDirectory() as tmp:
-        import os
-
         os.chdir(tmp)  # the Message-API ServerApp saves final_model.pt in the working folder
-        print(json.dumps(experiment(api_, strategy_, seed_, rounds_, Path(tmp))))
+        project = convert(api_, Path(tmp))
+        print(json.dumps(experiment(api_, project, load(project), strategy_, seed_, rounds_)))
