@@ -185,7 +185,7 @@ class InProcessGrid(LocalGrid):
         self._run: Any = None
         self._lock = threading.RLock()
         self._turn = threading.Condition()
-        self._order: list[int] = []
+        self._call_order: list[int] = []
         ensure_task_identity()
 
     # -- nodes that die and restart (tests of a SuperNode restart) -----------------------
@@ -273,22 +273,22 @@ class InProcessGrid(LocalGrid):
         call that does not come within :data:`ORDER_WAIT` seconds is passed over.
         """
         with self._turn:
-            self._order = [int(n) for n in node_ids]
+            self._call_order = [int(n) for n in node_ids]
             self._turn.notify_all()
 
     def _take_turn(self, nid: int) -> bool:
         """Wait until ``nid`` is first in :meth:`run_in_order`'s order; False when it is not in it."""
         with self._turn:
-            if nid not in self._order:
+            if nid not in self._call_order:
                 return False
-            if not self._turn.wait_for(lambda: nid not in self._order or self._order[0] == nid, ORDER_WAIT):
-                del self._order[:self._order.index(nid)]  # the calls ahead of it never came
+            if not self._turn.wait_for(lambda: nid not in self._call_order or self._call_order[0] == nid, ORDER_WAIT):
+                del self._call_order[:self._call_order.index(nid)]  # the calls ahead of it never came
             return True
 
     def _end_turn(self, nid: int) -> None:
         with self._turn:
-            if nid in self._order:
-                self._order.remove(nid)
+            if nid in self._call_order:
+                self._call_order.remove(nid)
             self._turn.notify_all()
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:

@@ -672,7 +672,10 @@ class FairStrategy(ServerState, Strategy):
         ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate`` (which writes
         the round's record). With ``resume`` (a checkpoint saved by :meth:`server_state`),
         the run continues after the checkpoint's round with the server state it held, so
-        the rounds that follow are those of an uninterrupted run. Raises
+        the rounds that follow are those of an uninterrupted run. ``evaluate_fn(round,
+        arrays)`` (a server-side evaluation) runs on the initial model as round 0, then
+        after every round, as in Flower's ``Strategy.start`` (a resumed run skips round 0).
+        Raises
         :class:`RunFailedError` when ``max-failed-rounds`` rounds in a row bring no valid
         training reply or no valid evaluation (the error names the most frequent reason
         and, when the clients lack a message type, how to add it), or when every client

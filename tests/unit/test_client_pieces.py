@@ -186,7 +186,7 @@ def test_the_in_process_grid_runs_one_message_calls_in_the_order_it_was_given():
     for t in threads:
         t.join(30)
     assert ran == [2, 0, 3, 1]
-    assert grid._order == []
+    assert grid._call_order == []
 
 
 # --------------------------------------------------------------------------- the settings log
