@@ -76,7 +76,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
-from flowerdro.clients.kit import ClientKit, TrainArgs
+from flowerdro.clients.kit import RUNS_KEPT, ClientKit, TrainArgs
 from flowerdro.clients.mods import ModChain
 from flowerdro.clients.training import LossFn
 from flowerdro.legacy_wire import fitres_to_content, flowerdro_ins, message_to_ins, serve_ins
@@ -161,9 +161,17 @@ class LegacyStrategy(Strategy):
     def _parameters(self, arrays: ArrayRecord | None) -> Parameters | None:
         return None if arrays is None else ndarrays_to_parameters([arrays[k].numpy() for k in arrays.keys()])
 
-    def _instructions(self, messages: list[Message], client_manager: ClientManager, make: Callable[..., Any]
-                      ) -> list[tuple[ClientProxy, Any]]:
+    def _instructions(self, messages: list[Message], client_manager: ClientManager, make: Callable[..., Any],
+                      grid: Any = None) -> list[tuple[ClientProxy, Any]]:
+        """The messages as (proxy, FitIns/EvaluateIns); an in-process grid is told their order.
+
+        The legacy Server sends them from a thread pool; a grid whose clients share this
+        process (:meth:`flowerdro.experiments.InProcessGrid.run_in_order`) then runs them in
+        the order the strategy made them, whatever the threads' timing.
+        """
         proxies = {int(p.node_id): p for p in client_manager.all().values()}
+        if callable(order := getattr(grid, "run_in_order", None)):
+            order([int(m.metadata.dst_node_id) for m in messages])
         self._sent = {int(m.metadata.dst_node_id): m for m in messages}
         out = []
         for m in messages:
@@ -235,7 +243,7 @@ class LegacyStrategy(Strategy):
         grid = self._grid(client_manager)
         messages = list(self.strategy.configure_train(server_round, self._arrays(parameters), ConfigRecord(), grid))
         uniform = self._uniform()
-        instructions = self._instructions(messages, client_manager, FitIns)
+        instructions = self._instructions(messages, client_manager, FitIns, grid)
         if uniform:
             for _, ins in instructions:
                 ins.config["flowerdro.weight"] = "uniform"
@@ -262,7 +270,7 @@ class LegacyStrategy(Strategy):
         grid = self._grid(client_manager)
         messages = list(self.strategy.configure_evaluate(server_round, self._arrays(parameters), ConfigRecord(),
                                                          grid))
-        return self._instructions(messages, client_manager, EvaluateIns)
+        return self._instructions(messages, client_manager, EvaluateIns, grid)
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
@@ -343,17 +351,28 @@ class LegacyClientApp(ClientApp):
         The NumPyClient's attributes holding its model and its train/test loaders.
     use_fit : bool
         Run the NumPyClient's ``fit`` for the algorithms that allow any local loop (its
-        config gets ``lr``, ``local-epochs``, ``local-steps``, ``batch-size``,
-        ``server-round``, ``device``: where the kit hands it the model, see
+        config gets ``lr``, ``local-epochs`` (an int when whole), ``local-steps``,
+        ``batch-size``, ``server-round``, ``device``: where the kit hands it the model, see
         :class:`~flowerdro.clients.kit.ClientKit`); False: flowerdro's SGD there too.
         ``fit`` and ``evaluate`` may move the client's ``net`` wherever they like.
     mods : list, optional
         Flower mods, as ``ClientApp(mods=...)`` takes them; the ones that act on a
         training reply's model (``fixedclipping_mod``, ``adaptiveclipping_mod``,
         ``LocalDpMod``, ``secaggplus_mod``) wrap the training messages only.
+    batch_keys : (str, str), optional
+        Input and label keys when the client's loaders yield dict batches (e.g.
+        ``("img", "label")``, Flower's quickstarts).
+    test_accuracy_key : str, optional
+        The entry of ``evaluate``'s metrics dict that is the accuracy; unset, the server's
+        ``accuracy-metric`` (sent with every evaluate message) when the dict holds it, else
+        ``accuracy``. The accuracy is reported under the server's ``accuracy-metric``.
     **kit_options
-        Further :class:`~flowerdro.clients.kit.ClientKit` options (``batch_keys``,
-        ``test_accuracy_key``, ...).
+        Further :class:`~flowerdro.clients.kit.ClientKit` options (``task``, ``device``, ...).
+
+    The NumPyClient a node's ``client_fn`` builds is kept for the flowerdro messages of one
+    run (Flower's own legacy messages call ``client_fn`` each time, as Flower does): its
+    loaders are read once per run, and a new run (another ``context.run_id``) builds it
+    anew, so no state of a client object carries from one run to the next.
     """
 
     def __init__(self, client_fn: Callable[[Context], Any], *, loss_fn: LossFn, model_attr: str = "net",
@@ -363,8 +382,7 @@ class LegacyClientApp(ClientApp):
         self._client_fn, self._loss_fn = client_fn, loss_fn
         self._attrs = (model_attr, train_attr, test_attr)
         self._use_fit, self._kit_options = use_fit, kit_options
-        self._kits: dict[int, ClientKit] = {}
-        self._kit_options.setdefault("test_accuracy_key", "accuracy")
+        self._kits: dict[tuple[int, int], ClientKit] = {}
         self._mods = ModChain(list(mods or []))
         self._token = uuid.uuid4().hex
 
@@ -386,11 +404,14 @@ class LegacyClientApp(ClientApp):
         return serve_ins(message, context, self.kit(context).serve)
 
     def kit(self, context: Context) -> ClientKit:
-        """The node's kit, built once from its NumPyClient."""
-        nid = int(context.node_id)
-        if nid not in self._kits:
-            self._kits[nid] = self._build(context)
-        return self._kits[nid]
+        """The node's kit in this run, built once per run from the NumPyClient its ``client_fn`` returns."""
+        key = (int(context.run_id), int(context.node_id))
+        if key not in self._kits:
+            runs = list(dict.fromkeys([k[0] for k in self._kits] + [key[0]]))
+            for old in [k for k in self._kits if k[0] in runs[:-RUNS_KEPT]]:
+                del self._kits[old]  # a run this app no longer serves: its client objects go
+            self._kits[key] = self._build(context)
+        return self._kits[key]
 
     def _build(self, context: Context) -> ClientKit:
         client = _numpy_client(self._client_fn(context))
@@ -420,4 +441,5 @@ class LegacyClientApp(ClientApp):
             options.setdefault("test_fn", test_fn)
         return ClientKit(model_fn=lambda: net, data_fn=lambda pid, n: (getattr(client, train_attr),
                                                                          getattr(client, test_attr)),
-                         loss_fn=self._loss_fn, train_fn=train_fn if self._use_fit else None, **options)
+                         loss_fn=self._loss_fn, train_fn=train_fn if self._use_fit else None,
+                         _owner="LegacyClientApp", **options)

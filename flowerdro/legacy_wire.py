@@ -37,6 +37,7 @@ from flwr.common import (
 )
 from flwr.compat.common import recorddict_compat as compat
 
+from flowerdro.clients.errors import error_reply
 from flowerdro.protocol import NUM_EXAMPLES
 
 __all__ = ["FromLegacy", "fitres_to_content", "flowerdro_ins", "ins_to_content", "message_to_ins",
@@ -161,7 +162,11 @@ def serve_ins(message: Message, context: Context, handler_for: Callable[[str], C
     ftype, content = ins_to_content(parameters, config)
     metadata = copy.copy(message.metadata)
     metadata.message_type = ftype
-    reply = handler_for(ftype)(Message(content=content, metadata=metadata), context)
+    inner = Message(content=content, metadata=metadata)
+    try:
+        reply = handler_for(ftype)(inner, context)
+    except Exception as exc:  # noqa: BLE001 - a FitRes/EvaluateIns failure names the client's error
+        reply = error_reply(inner, exc)
     if kind == "fitins":
         res = reply_to_fitres(reply, uniform=config.get("flowerdro.weight") == "uniform")
         return Message(content=compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)

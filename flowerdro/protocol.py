@@ -20,6 +20,9 @@ NUM_EXAMPLES, PARTITION_ID = "num-examples", "partition-id"
 #: Training-reply metric set to 1 by a client whose own ``train_fn`` ran the local loop (the kit).
 USER_TRAIN_FN = "user-train-fn"
 
+#: Reply metrics that say who answered and how, not what was measured: never averaged over clients.
+IDENTIFIER_METRICS: tuple[str, ...] = (PARTITION_ID, USER_TRAIN_FN)
+
 #: Training-message config key naming the clipping the server's client-side DP wrapper expects
 #: (``"fixed"`` or ``"adaptive"``: which of Flower's clipping mods the client applies).
 CLIPPING_KEY = "dp-clipping"

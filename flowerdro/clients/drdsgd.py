@@ -24,8 +24,9 @@ Message config keys (message over run config): ``lr`` η, ``batch-size`` B,
 ``server-round``; message only: ``mu`` μ > 0 (required by ``train.drdsgd``),
 ``tilt-log-cap`` c ∈ [−709, 709] (default 50; the strategy sends log M when its
 ``max-tilt-weight`` M is set, a departure from the paper). Reply: ``arrays`` θ_i^{t+½} and ``metrics`` with
-``num-examples``, ``partition-id``, ``train_loss`` (mean minibatch loss ℓ_i over the
-local steps; with one step, the loss at the received θ_i^t), ``log_tilt_weight`` (mean
+``num-examples``, ``partition-id``, ``train_loss`` (ℓ_i of the first step: the loss of the
+received θ_i^t on its first minibatch, the loss the tilted step weights), ``train_loss_local``
+(mean minibatch loss over the local steps; the same with one step), ``log_tilt_weight`` (mean
 over the local steps of log of the multiplier used uncapped: ℓ/μ − log μ for DR-DSGD,
 0 for DSGD), ``tilt_capped`` (how many steps hit the cap), ``local-steps``.
 """
@@ -236,7 +237,8 @@ def drdsgd_reply(message: Message, context: Context, *, robust: bool | None = No
         {
             "num-examples": res.num_examples,
             "partition-id": rt.partition_id,
-            "train_loss": res.mean_loss,
+            "train_loss": res.losses[0],
+            "train_loss_local": res.mean_loss,
             "log_tilt_weight": res.mean_log_weight,
             "tilt_capped": int(res.capped),
             "local-steps": len(res.losses),

@@ -147,20 +147,21 @@ def partition_of(context: Context) -> tuple[int, int]:
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 
-#: Client runtimes per data configuration (at most two configurations kept, as the data cache).
-_RUNTIMES: OrderedDict[DataConfig, dict[tuple[Any, ...], ClientRuntime]] = OrderedDict()
-#: The latest runtime of each (partition, count, data cache) with the run config it was built from.
-_LATEST: dict[tuple[int, int, str], tuple[dict[str, Any], ClientRuntime]] = {}
+#: Client runtimes per run and data configuration (at most two kept: a new run's replace an old run's).
+_RUNTIMES: OrderedDict[tuple[int, DataConfig], dict[tuple[Any, ...], ClientRuntime]] = OrderedDict()
+#: The latest runtime of each (run, partition, count, data cache) with the run config it was built from.
+_LATEST: dict[tuple[int, int, int, str], tuple[dict[str, Any], ClientRuntime]] = {}
 
 
 def _runtime_cached(
     data_cfg: DataConfig, partition_id: int, model_name: str, model_kwargs: tuple[tuple[str, Any], ...], device: str,
-    precision: str = "float32", data_cache: str = "",
+    precision: str = "float32", data_cache: str = "", run_id: int = 0,
 ) -> ClientRuntime:
     key = (partition_id, model_name, model_kwargs, device, precision)
-    runtimes = _RUNTIMES.get(data_cfg)
+    slot = (int(run_id), data_cfg)
+    runtimes = _RUNTIMES.get(slot)
     if runtimes is not None and key in runtimes:
-        _RUNTIMES.move_to_end(data_cfg)
+        _RUNTIMES.move_to_end(slot)
         return runtimes[key]
     cd = cached_client_data(data_cfg, partition_id, data_cache)
     data = LocalData.from_numpy(cd.x_train, cd.y_train, cd.x_test, cd.y_test, torch.device(device),
@@ -175,8 +176,8 @@ def _runtime_cached(
         model_kwargs=model_kwargs,
         task="regression" if data_cfg.is_regression else "classification",
     )
-    _RUNTIMES.setdefault(data_cfg, {})[key] = rt
-    _RUNTIMES.move_to_end(data_cfg)
+    _RUNTIMES.setdefault(slot, {})[key] = rt
+    _RUNTIMES.move_to_end(slot)
     while len(_RUNTIMES) > 2:
         _RUNTIMES.popitem(last=False)
         _LATEST.clear()
@@ -202,7 +203,10 @@ def get_runtime(context: Context) -> ClientRuntime:
     (float64 for high-accuracy optimisation tests such as SCAFF-PD's robust regression). A
     regression data set (``robust-regression``) trains with the MSE loss and its evaluation
     reports ``test_loss`` only. A node whose run config equals the one of its previous
-    message gets its runtime back without reading the settings again.
+    message gets its runtime back without reading the settings again. Runtimes are kept
+    per Flower run (``context.run_id``): a second run in the same process builds its own
+    from the data cache (:func:`flowerdro.data.get_client_data` keeps the read-only arrays
+    of a data configuration, which hold nothing of a run).
     Node config ``data-cache`` (a folder; else the environment variable
     ``FLOWERDRO_DATA_CACHE``) keeps the prepared partition on the node, so a fresh process
     reads one file instead of the whole data set (see :mod:`flowerdro.data.node_cache`).
@@ -212,7 +216,8 @@ def get_runtime(context: Context) -> ClientRuntime:
         return provider(context)
     pid, n = partition_of(context)
     cache = str(context.node_config.get("data-cache", ""))
-    latest = _LATEST.get((pid, n, cache))
+    run = int(context.run_id)
+    latest = _LATEST.get((run, pid, n, cache))
     if latest is not None and latest[0] == context.run_config:
         return latest[1]
     s = Settings(context.run_config)
@@ -221,8 +226,8 @@ def get_runtime(context: Context) -> ClientRuntime:
     precision = s.str("precision", "float32", choices=tuple(PRECISIONS))
     _set_threads(s.int("threads", 1, minimum=0))
     device = resolve_device(s.raw("device", "auto"))
-    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(device), precision, cache)
-    _LATEST[(pid, n, cache)] = (dict(context.run_config), rt)
+    rt = _runtime_cached(data_cfg, pid, s.str("model", "logreg"), kwargs, str(device), precision, cache, run)
+    _LATEST[(run, pid, n, cache)] = (dict(context.run_config), rt)
     return rt
 
 
@@ -316,6 +321,25 @@ def _scale_update(received: ArrayRecord, local: dict[str, torch.Tensor], factor:
 
 
 # --------------------------------------------------------------------------- handlers
+def received_model_loss(rt: ClientRuntime, model: nn.Module, s: Settings, salt: int) -> float:
+    """F_i(w): the loss of the received model on the local training data, a training reply's ``train_loss``.
+
+    ``train-loss-on`` (message over run config) says where: ``"full"`` (default) all local
+    training data; ``"batch"`` the first minibatch the local loop of stream ``salt`` draws
+    (drawn from a generator of its own, so the loop's stream is untouched). No gradient;
+    the model's train/eval mode is left as it was.
+    """
+    was_training = model.training
+    try:
+        if s.str("train-loss-on", "full", choices=LOSS_BEFORE_ON[:2]) == "full":
+            return evaluate_model(model, rt.data.x_train, rt.data.y_train, loss_fn=rt.loss_fn)[0]
+        gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, salt)
+        idx = next(minibatches(rt.data.num_train, s.int("batch-size", 32, minimum=1), gen, rt.data.x_train.device))
+        return batch_loss(model, rt.data.x_train, rt.data.y_train, idx, rt.loss_fn)
+    finally:
+        model.train(was_training)
+
+
 def train_metrics(
     rt: ClientRuntime, res: TrainResult, *, train_loss: float | None = None, **extra: float | int
 ) -> MetricRecord:

@@ -25,7 +25,8 @@ handlers that wrap them for any ClientApp (``apps/client_app.py`` routes to them
             + \eta_2 \nabla_{(\Lambda, \delta)} \varphi_B(w, \Lambda_i, \delta_i).
 
     Reply: ``arrays`` (w after τ steps), ``affine`` (Λ_i, δ_i after τ steps, float32) and
-    ``metrics`` {``num-examples``, ``partition-id``, ``train_loss_local`` (mean shifted
+    ``metrics`` {``num-examples``, ``partition-id``, ``train_loss`` (the received w's loss on
+    the unshifted local data: ``train-loss-on``), ``train_loss_local`` (mean shifted
     minibatch loss), ``local-steps``, ``lambda-dev-fro`` = ‖Λ_i − I‖_F, ``delta-norm`` =
     ‖δ_i‖₂ (after the steps), ``affine-rounds`` (the received count + 1)}.
 
@@ -35,7 +36,8 @@ handlers that wrap them for any ClientApp (``apps/client_app.py`` routes to them
     ``pgd-step-size`` α (PGD, default 2.5ε/K). Each local step replaces the minibatch by
     its per-sample ℓ₂ attack (FGM: x + ε g/‖g‖; PGD: K projected steps of size α) and
     takes an SGD step on it. Reply: ``arrays`` and ``metrics`` {``num-examples``,
-    ``partition-id``, ``train_loss_local`` (mean adversarial minibatch loss), ``local-steps``}.
+    ``partition-id``, ``train_loss`` (the received model's loss on the clean local data),
+    ``train_loss_local`` (mean adversarial minibatch loss), ``local-steps``}.
     Nothing is kept in ``context.state``.
 
 ``query.affine_state``
@@ -59,7 +61,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerdro.buffers import to_array_record
-from flowerdro.clients.handlers import ClientRuntime, get_runtime, settings_for, train_metrics
+from flowerdro.clients.handlers import (
+    ClientRuntime,
+    get_runtime,
+    received_model_loss,
+    settings_for,
+    train_metrics,
+)
 from flowerdro.clients.training import (
     LocalData,
     LossFn,
@@ -297,13 +305,15 @@ def fedrobust_train_reply(message: Message, context: Context) -> Message:
     model = rt.model_from(_received(message))
     state = shift_from_message(message, d, device=rt.data.x_train.device, dtype=rt.data.x_train.dtype)
     gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, _SALT_FEDROBUST)
+    before = received_model_loss(rt, model, s, _SALT_FEDROBUST)  # on the unshifted data
     res, lam, delta = fedrobust_local(model, rt.data, state.lam, state.delta, steps=steps, lr=lr, adv_lr=adv_lr,
                                       penalty=penalty, batch_size=batch_size, generator=gen, loss_fn=rt.loss_fn)
     if not (torch.isfinite(lam).all() and torch.isfinite(delta).all()):
         raise FloatingPointError("fedrobust: (Λ_i, δ_i) became NaN/Inf; lower adv-lr")
     new_state = AffineState(lam, delta, state.rounds + 1)
-    metrics = train_metrics(rt, res, **{"lambda-dev-fro": new_state.lambda_dev_fro, "delta-norm": new_state.delta_norm,
-                                        "affine-rounds": new_state.rounds})
+    metrics = train_metrics(rt, res, train_loss=before, **{"lambda-dev-fro": new_state.lambda_dev_fro,
+                                                            "delta-norm": new_state.delta_norm,
+                                                            "affine-rounds": new_state.rounds})
     content = RecordDict({"arrays": to_array_record(res.state), AFFINE_RECORD: shift_record(new_state), "metrics": metrics})
     return Message(content=content, reply_to=message)
 
@@ -317,14 +327,15 @@ def adversarial_train_reply(message: Message, context: Context, kind: str) -> Me
     model = rt.model_from(_received(message))
     gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, _SALT_ADV)
     step_size = s.float("pgd-step-size", 0.0, minimum=0.0) if s.has("pgd-step-size") else None
+    before = received_model_loss(rt, model, s, _SALT_ADV)  # on the clean data
     res = adversarial_local(
         model, rt.data, kind=kind, eps=s.float("adv-eps", 1.0, minimum=0.0),
         steps=s.int("local-steps", 10, minimum=1), lr=s.float("lr", 0.05, positive=True),
         batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
         attack_steps=s.int("pgd-steps", 10, minimum=1), attack_step_size=step_size or None, loss_fn=rt.loss_fn,
     )
-    return Message(content=RecordDict({"arrays": to_array_record(res.state), "metrics": train_metrics(rt, res)}),
-                   reply_to=message)
+    return Message(content=RecordDict({"arrays": to_array_record(res.state),
+                                       "metrics": train_metrics(rt, res, train_loss=before)}), reply_to=message)
 
 
 def affine_state_reply(message: Message, context: Context) -> Message:

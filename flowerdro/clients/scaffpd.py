@@ -25,8 +25,9 @@ Three message types (``apps/client_app.py`` routes them here):
     .. math:: u_{t+1} = u_t - \eta_l\,\big(g_i(u_t) - c_i + c^r\big),
 
     with g_i a minibatch gradient of f_i (full batch when ``batch-size`` ≥ m_i). Reply:
-    ``arrays`` = u_J and ``metrics`` {``num-examples``, ``partition-id``,
-    ``train_loss_local``, ``local-steps``}; the server forms
+    ``arrays`` = u_J and ``metrics`` {``num-examples``, ``partition-id``, ``train_loss``
+    (f_i(x^r), the received model's loss: ``train-loss-on``), ``train_loss_local``, ``local-steps``};
+    the server forms
     Δu_i = (x^r − u_J)/(η_l J). Fails (an error reply) when the client holds no c_i of this
     ``server-round`` (its phase-1 reply never happened).
 
@@ -39,7 +40,7 @@ Three message types (``apps/client_app.py`` routes them here):
 
     The client keeps nothing between rounds. Reply: ``arrays`` = y_K, ``control`` = c_i^+
     (zeros for non-trainable buffers), ``metrics`` {``num-examples``, ``partition-id``,
-    ``train_loss_local``, ``local-steps``}.
+    ``train_loss`` (f_i(x), the received model's loss), ``train_loss_local``, ``local-steps``}.
 """
 
 from __future__ import annotations
@@ -155,8 +156,12 @@ def loss_and_gradient(
 
 def _corrected_sgd(
     rt: ClientRuntime, model: nn.Module, s: Settings, correction: dict[str, torch.Tensor], salt: int,
-) -> tuple[dict[str, torch.Tensor], float, int, float, int]:
-    """J steps of u ← u − η (g_i(u) + correction) (+ weight decay); returns the final state and stats."""
+) -> tuple[dict[str, torch.Tensor], float, int, float, int, float]:
+    """J steps of u ← u − η (g_i(u) + correction) (+ weight decay).
+
+    Returns the final state, the mean minibatch loss, the examples, η, J and the received
+    model's loss (``train-loss-on``: all local data or the first minibatch).
+    """
     steps = s.int("local-steps", 10, minimum=1)
     lr = s.float("lr", 0.05, positive=True)
     params = dict(model.named_parameters())
@@ -172,10 +177,10 @@ def _corrected_sgd(
     gen = make_generator(s.int("seed", 0), s.int("server-round", 0), rt.partition_id, salt)
     res = local_sgd(
         model, rt.data, steps=steps, lr=lr, batch_size=s.int("batch-size", 32, minimum=1), generator=gen,
-        weight_decay=s.float("weight-decay", 0.0, minimum=0.0), grad_hook=hook, loss_before_on="none",
-        loss_fn=rt.loss_fn,
+        weight_decay=s.float("weight-decay", 0.0, minimum=0.0), grad_hook=hook,
+        loss_before_on=s.str("train-loss-on", "full", choices=("full", "batch")), loss_fn=rt.loss_fn,
     )
-    return res.state, res.mean_batch_loss, res.num_examples, lr, steps
+    return res.state, res.mean_batch_loss, res.num_examples, lr, steps, res.loss_before
 
 
 def _metrics(rt: ClientRuntime, n: int, **extra: float | int) -> MetricRecord:
@@ -215,10 +220,11 @@ def scaffpd_train_reply(message: Message, context: Context) -> Message:
     c_global = _tensors(_array(message, "control"), model, "control")
     c_local = _tensors(context.state.array_records[STATE_GRAD], model, "stored c_i")
     correction = {k: c_global[k] - c_local[k] for k in c_global}
-    state, mean_loss, n, _, steps = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFPD)
+    state, mean_loss, n, _, steps, before = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFPD)
     content = RecordDict({
         "arrays": to_array_record(state),
-        "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
+        "metrics": _metrics(rt, n, train_loss=float(before), train_loss_local=float(mean_loss),
+                            **{"local-steps": steps}),
     })
     return Message(content=content, reply_to=message)
 
@@ -246,7 +252,7 @@ def scaffold_train_reply(message: Message, context: Context) -> Message:
     else:
         correction = received
     x = {k: v.detach().clone() for k, v in model.named_parameters()}
-    state, mean_loss, n, lr, steps = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFOLD)
+    state, mean_loss, n, lr, steps, before = _corrected_sgd(rt, model, s, correction, _SALT_SCAFFOLD)
     # c_i⁺ = c_i − c + (x − y_K)/(K η_l) = (x − y_K)/(K η_l) − (c − c_i)
     c_new = {k: (x[k] - state[k]) / (steps * lr) - correction[k] for k in correction}
     if on_client:
@@ -257,7 +263,8 @@ def scaffold_train_reply(message: Message, context: Context) -> Message:
     content = RecordDict({
         "arrays": to_array_record(state),
         "control": _record_like(model, sent),
-        "metrics": _metrics(rt, n, train_loss_local=float(mean_loss), **{"local-steps": steps}),
+        "metrics": _metrics(rt, n, train_loss=float(before), train_loss_local=float(mean_loss),
+                            **{"local-steps": steps}),
     })
     return Message(content=content, reply_to=message)
 

@@ -44,6 +44,12 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+#: Run ids of the grids made in this process (each grid is one run unless told otherwise).
+_RUN_IDS = count(1)
+
+#: Real seconds a call waits for the calls ahead of it in :meth:`InProcessGrid.run_in_order`'s order.
+ORDER_WAIT = 10.0
+
 FAULT_MODES = ("raise", "timeout", "slow", "nan", "nan-metric", "shape", "float64", "extra-metric",
                "missing-record")
 
@@ -139,6 +145,9 @@ class InProcessGrid(LocalGrid):
         at different times.
     skew : float (default: 0.0)
         Simulated seconds the grid's :meth:`clock` runs ahead of wall time.
+    run_id : int or None (default: None)
+        The Flower run id in every node's Context; None: a new one for each grid, so two
+        grids in one process are two runs (the clients key what they keep by it).
     """
 
     app: ClientApp
@@ -149,6 +158,7 @@ class InProcessGrid(LocalGrid):
     calls: int = 0
     replies_per_pull: int | None = None
     skew: float = 0.0
+    run_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -158,9 +168,10 @@ class InProcessGrid(LocalGrid):
         # Scrambled 31-bit ids, deterministic: partition k <-> node id.
         self.node_ids = [int((k * 2654435761 + 97531) % 2_147_483_629) + 1 for k in range(self.num_nodes)]
         self.partition_of_node = {nid: k for k, nid in enumerate(self.node_ids)}
+        self.run_id = next(_RUN_IDS) if self.run_id is None else int(self.run_id)
         self.contexts = {
             nid: Context(
-                run_id=1,
+                run_id=self.run_id,
                 node_id=nid,
                 node_config={"partition-id": k, "num-partitions": self.num_nodes},
                 state=RecordDict(),
@@ -173,6 +184,8 @@ class InProcessGrid(LocalGrid):
         self._pushed_at: dict[str, float] = {}  # message id -> clock() when pushed
         self._run: Any = None
         self._lock = threading.RLock()
+        self._turn = threading.Condition()
+        self._call_order: list[int] = []
         ensure_task_identity()
 
     # -- nodes that die and restart (tests of a SuperNode restart) -----------------------
@@ -248,14 +261,55 @@ class InProcessGrid(LocalGrid):
                 replies.append(reply)
         return replies
 
+    # -- the order of the legacy Server's threads ------------------------------------------
+    def run_in_order(self, node_ids: Iterable[int]) -> None:
+        """Let the next one-message :meth:`send_and_receive` calls to ``node_ids`` run in this order.
+
+        Flower's legacy ``Server`` sends each client's FitIns/EvaluateIns from its own
+        thread of a pool; which thread comes first depends on the host's timing, and the
+        nodes of this grid share torch's global generator (a project's shuffling loader,
+        its ``Net()`` in ``client_fn``), so the order would change the run.
+        :class:`~flowerdro.legacy.LegacyStrategy` hands its instructions' order here; a
+        call that does not come within :data:`ORDER_WAIT` seconds is passed over.
+        """
+        with self._turn:
+            self._call_order = [int(n) for n in node_ids]
+            self._turn.notify_all()
+
+    def _take_turn(self, nid: int) -> bool:
+        """Wait until ``nid`` is first in :meth:`run_in_order`'s order; False when it is not in it."""
+        with self._turn:
+            if nid not in self._call_order:
+                return False
+            if not self._turn.wait_for(lambda: nid not in self._call_order or self._call_order[0] == nid, ORDER_WAIT):
+                del self._call_order[:self._call_order.index(nid)]  # the calls ahead of it never came
+            return True
+
+    def _end_turn(self, nid: int) -> None:
+        with self._turn:
+            if nid in self._call_order:
+                self._call_order.remove(nid)
+            self._turn.notify_all()
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Run the ClientApp for each message in turn and collect the replies.
 
         A reply that took longer than ``timeout`` (its run time plus a ``slow`` fault's
         simulated seconds) is discarded, as a SuperLink would. The clients answer in
         parallel on a real grid, so the :meth:`clock` moves on by the longest simulated
-        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``).
+        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``). A call with
+        one message to a node of :meth:`run_in_order`'s order waits for its turn.
         """
+        messages = list(messages)
+        nid = int(messages[0].metadata.dst_node_id) if len(messages) == 1 else None
+        turn = nid is not None and self._take_turn(nid)
+        try:
+            return self._send_and_receive(messages, timeout)
+        finally:
+            if turn:
+                self._end_turn(nid)  # type: ignore[arg-type]
+
+    def _send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
         replies, waited = [], 0.0
         for msg in messages:
             self._accept(msg)

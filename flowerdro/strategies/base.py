@@ -68,6 +68,7 @@ from flowerdro.strategies.records import (
     round_record,
 )
 from flowerdro.strategies.server_state import ServerState
+from flowerdro.strategies.settings_log import sent_training_note, settings_lines
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError", "StopRun"]
 
@@ -212,10 +213,8 @@ class FairStrategy(ServerState, Strategy):
     def summary(self) -> None:
         """Log the settings as a small tree (the caller is identified first: a DP wrapper is checked here)."""
         self._identify_caller(sys._getframe(1))
-        items = list(self.settings().items())
-        log(INFO, "\t├──> %s settings:", self.run_name)
-        for i, (k, v) in enumerate(items):
-            log(INFO, "\t│\t%s── %s: %s", "└" if i == len(items) - 1 else "├", k, v)
+        for line in settings_lines(self):
+            log(INFO, "\t%s", line)
 
     def add_observer(self, observer: Any) -> None:
         """Follow the run: ``observer`` may define ``on_start(strategy, num_rounds)``,
@@ -352,6 +351,9 @@ class FairStrategy(ServerState, Strategy):
             check_integer_arrays(self, arrays)
         self.current_arrays = arrays
         messages = list(self.train_messages(server_round, arrays, config, grid))
+        if not self._training_noted and (note := sent_training_note(self, messages, config)) is not None:
+            log(INFO, note)
+        self._training_noted = True
         self._expected["train"] = Expected("train", messages, arrays, self.train_array_keys,
                                            tuple(self.train_required_metrics))
         self._train_aggregated = False
@@ -578,6 +580,7 @@ class FairStrategy(ServerState, Strategy):
 
     _driving = False
     _stopped = False
+    _training_noted = False  # the first training messages were checked against the settings
 
     def _fail_if_stuck(self) -> None:
         """Raise :class:`RunFailedError` after ``max-failed-rounds`` rounds without training or evaluation."""
@@ -685,7 +688,10 @@ class FairStrategy(ServerState, Strategy):
         ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate`` (which writes
         the round's record). With ``resume`` (a checkpoint saved by :meth:`server_state`),
         the run continues after the checkpoint's round with the server state it held, so
-        the rounds that follow are those of an uninterrupted run. Raises
+        the rounds that follow are those of an uninterrupted run. ``evaluate_fn(round,
+        arrays)`` (a server-side evaluation) runs on the initial model as round 0, then
+        after every round, as in Flower's ``Strategy.start`` (a resumed run skips round 0).
+        Raises
         :class:`RunFailedError` when ``max-failed-rounds`` rounds in a row bring no valid
         training reply or no valid evaluation (the error names the most frequent reason
         and, when the clients lack a message type, how to add it), or when every client
@@ -711,6 +717,10 @@ class FairStrategy(ServerState, Strategy):
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         self._driving, self._stopped = True, False
         try:
+            if evaluate_fn is not None and resume is None:  # the initial model, as Flower's Strategy.start does
+                if (res := evaluate_fn(0, arrays)) is not None:
+                    result.evaluate_metrics_serverapp[0] = res
+                log(INFO, "[%s] initial global evaluation: %s", self.run_name, res)
             for rnd in range(first, num_rounds + 1):
                 try:
                     arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
@@ -735,6 +745,8 @@ class FairStrategy(ServerState, Strategy):
             result.arrays = self.finish(arrays)
         except BaseException as exc:
             self._notify("on_error", exc)  # e.g. the RunWriter releases its folder's lock
+            if isinstance(exc, RunFailedError):  # a reported failure, not a bug: its message says all, so the
+                raise exc.with_traceback(None) from exc.__cause__  # traceback starts here, not in the reply checks
             raise
         finally:
             self._driving = False

@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, QFedAvg, Strategy
 
 from flowerdro.core.layers import mean_buffers, update_mask
 from flowerdro.deploy.grid import ForwardingGrid
-from flowerdro.protocol import NUM_EXAMPLES
+from flowerdro.protocol import IDENTIFIER_METRICS, NUM_EXAMPLES
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, numpy_to_arrays, record_weight
 from flowerdro.strategies.base import FairStrategy
@@ -92,12 +92,14 @@ class FlowerBaseline(FairStrategy):
                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower's own aggregation over the replies that passed our checks.
 
-        The metrics are cut to the keys all replies share first, and the result keeps the
-        dtypes of the model sent this round.
+        The metrics are cut to the keys all replies share first, without the identifiers
+        (``partition-id``, ``user-train-fn``: an average of them means nothing), and the
+        result keeps the dtypes of the model sent this round.
         """
         if not replies:
             return None, None
         common = set.intersection(*(set(metrics_of(r).keys()) for r in replies)) if replies else set()
+        common -= set(IDENTIFIER_METRICS)  # a partition id is not a metric to average
         uniform = self.weight_key == UNIFORM_WEIGHT
         for r in replies:
             mr = metrics_of(r)

@@ -120,6 +120,17 @@ _NO_ROUTE = re.compile(r"No (\w+) function registered with name '(\w+)'")
 _LEGACY_TYPE = re.compile(r"Invalid message type: (?:train|evaluate|query)\.\w+")
 
 
+def _error_head(reason: str) -> str:
+    """A client error's first line, pointing to the logged traceback when the reason carries one.
+
+    flowerdro's client routes answer an exception with its type and message, then the
+    client-side traceback (:func:`flowerdro.clients.errors.describe`); the dropped reply's
+    log line shows all of it once, the run's error repeats only the first line.
+    """
+    head, _, rest = reason.partition("\n")
+    return head + (" (the client-side traceback is in the log above)" if rest else "")
+
+
 def missing_route_hint(reason: str) -> str | None:
     """What to do when clients lack a message type's handler (None for another reason).
 
@@ -302,19 +313,22 @@ class Communicator:
         if not failures:
             return
         by_reason = Counter((f.kind, f.reason) for f in failures)
+        everyone = valid == 0 and asked >= 2 and len(failures) == asked and len(by_reason) == 1
         for (kind, reason), n in by_reason.items():
+            if everyone and kind == "error":
+                break  # the error below says it
             if n > 1:
                 parts = sorted({f.partition_id for f in failures if (f.kind, f.reason) == (kind, reason)},
                                key=lambda p: (p is None, p or 0))
                 log(WARNING, "[%s] round %d %s: the same %s on %d clients (partitions %s)", self.run_name,
                     self.round, phase, kind, n, ", ".join(str(p) for p in parts))
-        if valid == 0 and asked >= 2 and len(failures) == asked and len(by_reason) == 1:
+        if everyone:
             (kind, reason), = by_reason
             if kind == "error":
                 hint = missing_route_hint(reason)
                 raise DeterministicClientError(
                     f"[{self.run_name}] round {self.round} {phase}: all {asked} clients failed with the same error, "
-                    f"so every round would: {reason}" + (f"\n=> {hint}" if hint else ""))
+                    f"so every round would: {_error_head(reason)}" + (f"\n=> {hint}" if hint else ""))
 
     def _send_and_receive(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
         """Push ``messages`` once and pull their replies until all have come or ``timeout`` s have passed.
@@ -607,9 +621,13 @@ def initial_arrays(grid: Grid, run_config: Mapping[str, Any], timeout: float) ->
             if not reply.has_error() and "arrays" in reply.content.array_records:
                 return reply.content.array_records["arrays"]
             if reply.has_error():
-                log(WARNING, "query.init failed on node %d: %s", nid, reply.error.reason)
-                reasons.append(str(reply.error.reason))
+                reason = str(reply.error.reason)
+                log(WARNING, "query.init failed on node %d: %s", nid,
+                    "the same error as above" if reason in reasons else reason)
+                reasons.append(reason)
         if not replies:
             reasons.append(f"node {nid} did not answer within {timeout:.0f} s")
+    first = reasons[0].partition("\n")[0] if reasons else "no reply"
     raise RuntimeError("could not get initial model weights from any client (query.init failed); "
-                       f"first reason: {reasons[0] if reasons else 'no reply'}")
+                       f"first reason: {first}" + (" (the client-side traceback is in the log above)"
+                                                   if reasons and "\n" in reasons[0] else ""))

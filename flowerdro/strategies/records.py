@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import Message, MetricRecord
 
 from flowerdro.core.fairness import summarize
-from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
+from flowerdro.protocol import IDENTIFIER_METRICS, NUM_EXAMPLES, PARTITION_ID
 from flowerdro.strategies.messaging import Failure, metrics_of
 
 __all__ = ["ClientResults", "data_sizes_line", "mean_of_metric_records", "missing_partitions", "round_line",
@@ -101,12 +101,14 @@ def missing_partitions(
 def mean_of_metric_records(mrs: list[MetricRecord]) -> MetricRecord:
     """Σ_i n_i v_i / Σ_i n_i for each scalar metric v that every record holds (n_i = ``num-examples``).
 
-    Metrics that only some clients report are left out rather than failing the round.
+    Metrics that only some clients report are left out rather than failing the round, and
+    so are the identifiers (:data:`~flowerdro.protocol.IDENTIFIER_METRICS`: a mean partition
+    id means nothing).
     """
     if not mrs:
         return MetricRecord({})
     keys = set.intersection(*(set(k for k, v in m.items() if isinstance(v, int | float)) for m in mrs))
-    keys -= {PARTITION_ID}
+    keys -= set(IDENTIFIER_METRICS)
     w = np.array([float(m[NUM_EXAMPLES]) for m in mrs])
     out: dict[str, float] = {}
     for k in sorted(keys):
@@ -193,6 +195,7 @@ def data_sizes_line(strategy: Any) -> str | None:
         line += (f". Partitions {small[:10]}{' …' if len(small) > 10 else ''} hold fewer training examples than one "
                  f"batch ({batch}): check the data function")
     if strategy.user_train_fn:
-        line += (". Local training: the clients' own train_fn (local-steps, batch-size and lr reach it only as "
-                 "the TrainArgs it is given)")
+        line += (". Local training: the clients' own training function (a ClientKit's train_fn, a NumPyClient's "
+                 "fit), which is handed lr, local-epochs, local-steps and batch-size (TrainArgs, or the fit config) "
+                 "and may use values of its own instead")
     return line

@@ -8,6 +8,8 @@ errors that name what was expected.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -192,8 +194,8 @@ def test_an_update_scale_attacker_with_the_users_train_function_sends_the_scaled
         assert not torch.equal(honest[k], w0[k])
         # w0 + 3 (w − w0) in float32: a few ulps of values of size ~1
         torch.testing.assert_close(got[k], w0[k] + 3.0 * (honest[k] - w0[k]), rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match='loss-scale.*own train_fn.*update-scale'):
-        grid.app(_train_message(grid, init, synth_rc, {**attacker, "attack": "loss-scale"}), ctx)
+    refused = grid.app(_train_message(grid, init, synth_rc, {**attacker, "attack": "loss-scale"}), ctx)
+    assert refused.has_error() and re.match("ValueError: .*loss-scale.*own train_fn.*update-scale", refused.error.reason)
 
 
 def test_clients_without_partition_id_use_their_node_id(synth_rc):
@@ -311,8 +313,9 @@ def test_a_missing_loss_function_and_an_unknown_metric_name_are_refused(synth_rc
     from flwr.app import Message
 
     msg = Message(content=RecordDict({"arrays": init}), dst_node_id=grid.node_ids[0], message_type="evaluate")
-    with pytest.raises(ValueError, match=r"'accuracy' is not among test_fn's metrics \['acc'\]"):
-        kit.client_app()(msg, grid.contexts[grid.node_ids[0]])
+    reply = kit.client_app()(msg, grid.contexts[grid.node_ids[0]])  # the error travels in the reply
+    assert reply.has_error() and reply.error.reason.startswith(
+        "ValueError: test_accuracy_key: none of ['accuracy'] is among your test function's metrics ['acc']")
 
 
 def _kit_behind(route):
@@ -347,7 +350,8 @@ def test_copies_of_a_pickled_kit_app_serve_from_one_kit(synth_rc):
     kits = {id(_kit_behind(app._registered_funcs[name])) for app in (first, second) for name in app._registered_funcs}
     assert len(kits) == 1  # one kit behind every route of both copies (through the routes' mods)
     kit = _kit_behind(first._registered_funcs["evaluate.default"])
-    assert list(kit._runtimes) == [(0, 2, "auto")]  # built by the first message, reused by the second
+    # built by the first message, reused by the second (kept for this run: the grid's run id)
+    assert list(kit._runtimes) == [(grid.run_id, 0, 2, "auto")]
     assert dict(replies[0].content["metrics"]) == dict(replies[1].content["metrics"])
 
 
@@ -356,7 +360,7 @@ def test_copies_of_a_pickled_legacy_client_app_are_one_app_without_the_senders_k
     from flowerdro.legacy import LegacyClientApp
 
     app = LegacyClientApp(lambda context: None, loss_fn=nn.CrossEntropyLoss())
-    app._kits[1] = "a kit built in the sending process"
+    app._kits[(1, 1)] = "a kit built in the sending process"
     blob = cloudpickle.dumps(app)
     first, second = cloudpickle.loads(blob), cloudpickle.loads(blob)
     assert first is second and first is not app

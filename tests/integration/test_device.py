@@ -10,6 +10,8 @@ CUDA is present, the same test also runs with the real device.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -182,7 +184,7 @@ def second_device(request, monkeypatch) -> tuple[str, torch.dtype]:
         if not torch.cuda.is_available():
             pytest.skip("no CUDA device: the float64 stand-in covers this path")
         return "cuda", torch.float32  # device "auto": the loops on CUDA, the project's code on the CPU
-    monkeypatch.setattr(kit_module, "_loop_placement",
+    monkeypatch.setattr(kit_module, "loop_placement",
                         lambda device, dtype: kit_module.Placement(device, torch.float64))
     # device "auto": the loops on CUDA where the machine has it, in float64 either way
     return ("cuda" if torch.cuda.is_available() else "cpu"), torch.float64
@@ -272,8 +274,9 @@ def test_a_users_loop_that_replaces_the_parameters_under_fedprox_is_refused():
 
     kit = ClientKit(model_fn=Net, data_fn=load_data, loss_fn=nn.CrossEntropyLoss(), train_fn=train_fn)
     msg, ctx, _ = _kit_message(kit, RC, 0.1)
-    with pytest.raises(RuntimeError, match=r"proximal-mu: train_fn replaced the model's parameters"):
-        kit.client_app()(msg, ctx)
+    reply = kit.client_app()(msg, ctx)  # the client's error travels in its reply
+    assert reply.has_error() and re.match(r"RuntimeError: proximal-mu: train_fn replaced the model's parameters",
+                                          reply.error.reason)
     msg, ctx, _ = _kit_message(kit, RC, 0.0)
     assert not kit.client_app()(msg, ctx).has_error()  # without FedProx the same loop is plain local training
 
@@ -367,6 +370,7 @@ def test_a_placement_mismatch_in_the_users_function_names_the_device_key():
     ensure_task_identity()
     msg = Message(content=RecordDict({"arrays": ArrayRecord(Net().state_dict())}), dst_node_id=1,
                   message_type="evaluate")
-    with pytest.raises(RuntimeError, match=r"test_fn: your function failed with the model handed to it on cpu "
-                                           r"\(float32\) \(.*dtype.*\)\. Run-config device = 'auto'"):
-        kit.client_app()(msg, ctx)
+    reply = kit.client_app()(msg, ctx)  # the client's error travels in its reply
+    assert reply.has_error() and re.match(r"RuntimeError: test_fn: your function failed with the model handed to it "
+                                          r"on cpu \(float32\) \(.*dtype.*\)\. Run-config device = 'auto'",
+                                          reply.error.reason)

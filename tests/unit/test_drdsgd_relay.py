@@ -486,11 +486,13 @@ def test_handler_reply_keys_and_log_weight(synth_rc):
         "num-examples",
         "partition-id",
         "train_loss",
+        "train_loss_local",
         "log_tilt_weight",
         "tilt_capped",
         "local-steps",
     }
     assert m["partition-id"] == 1 and m["tilt_capped"] == 0
+    assert m["train_loss_local"] == m["train_loss"]  # one step: its loss is the received θ_i's
     # h = exp(ℓ/μ) by hand, with ℓ the cross-entropy of the received logistic regression on the
     # device's first minibatch, computed in float64 numpy from the data and the weights
     ctx = grid.contexts[grid.node_ids[1]]
