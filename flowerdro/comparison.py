@@ -262,10 +262,7 @@ def _finished(run_dir: Path, num_rounds: int) -> tuple[list[dict[str, Any]], Arr
 
 def _writer(strategy: FairStrategy) -> RunWriter | None:
     """The strategy's :class:`RunWriter` (None when it writes no files)."""
-    for obs in strategy._observers:  # noqa: SLF001
-        if isinstance(obs, RunWriter):
-            return obs
-    return None
+    return strategy.observers.of_type(RunWriter)
 
 
 def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) -> None:

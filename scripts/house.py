@@ -32,7 +32,7 @@ PACKAGE = "flowerdro"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "settings", "buffers", "plots"),
     ("protocol", "data", "models"),
-    ("runs", "privacy", "legacy_wire"),
+    ("runs", "wrappers", "privacy", "legacy_wire"),
     ("clients", "deploy"),
     ("strategies",),
     ("legacy", "trackers"),

@@ -79,7 +79,7 @@ def test_one_faulty_partition_never_stops_a_strategy_nor_corrupts_its_state(name
     fault = Fault(mode, rounds=tuple(range(1, ROUNDS + 1)), seconds=SLOW)
     grid = _RecordingGrid(client_app, 5, rc, faults={BAD: fault})
     strategy = build_strategy(name, rc)
-    strategy.comm.pull_interval = 1.0  # simulated seconds between empty pulls of the streamed path
+    strategy.comm.transport.pull_interval = 1.0  # simulated seconds between empty pulls of the streamed path
     init = initial_arrays(grid, rc, 60)
     t0 = grid.clock()
     res = strategy.start(grid, init, num_rounds=ROUNDS, timeout=TIMEOUT, train_config=client_config(rc))
@@ -128,7 +128,7 @@ def test_a_train_reply_is_a_timeout_exactly_when_it_comes_after_the_round_timeou
     grid = InProcessGrid(client_app, 4, rc, faults={BAD: Fault("slow", message_types=("train",), seconds=seconds)},
                          replies_per_pull=1)
     strategy = build_strategy(name, rc)
-    strategy.comm.pull_interval = 0.5  # simulated seconds; the slow reply is due on a whole second
+    strategy.comm.transport.pull_interval = 0.5  # simulated seconds; the slow reply is due on a whole second
     t0 = grid.clock()
     strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=2, timeout=TIMEOUT,
                    train_config=client_config(rc))
