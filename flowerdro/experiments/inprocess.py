@@ -14,7 +14,7 @@ shaped array, float64 arrays, an extra metric, a missing record), in which phase
 Time is simulated where a fault makes a client slow: the grid's :meth:`InProcessGrid.clock`
 runs ahead of wall time by every second a slow or silent client made the server wait, and
 the server's deadline logic reads it (``send_and_receive`` discards a reply later than its
-``timeout``; :meth:`flowerdro.strategies.messaging.Communicator.stream` times its deadline
+``timeout``; :meth:`flowerdro.strategies.transport.Transport.stream` times its deadline
 and its waits between pulls with the grid's ``clock``/``sleep``). A ``timeout`` fault thus
 costs the server its whole round timeout, as a hung SuperNode would, without the test
 sleeping through it.
