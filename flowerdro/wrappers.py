@@ -44,6 +44,7 @@ by the clipping norm it adds to the training config (:func:`clipping_in_config`)
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -59,6 +60,7 @@ DP_WRAPPERS: dict[str, tuple[str, str]] = {
 }
 
 
+@functools.cache
 def _wrapper_classes() -> list[tuple[type, tuple[str, str]]]:
     from flwr.server import strategy as legacy
     from flwr.serverapp import strategy as message_api
@@ -83,23 +85,33 @@ def dp_kind(obj: Any) -> tuple[str, str] | None:
     return None
 
 
-def is_secagg(obj: Any) -> bool:
-    """Whether ``obj`` is Flower's ``SecAggPlusWorkflow`` or ``SecAggWorkflow``."""
+@functools.cache
+def _secagg_classes() -> tuple[type, ...]:
     from flwr.server.workflow import SecAggPlusWorkflow, SecAggWorkflow
 
-    return isinstance(obj, SecAggPlusWorkflow | SecAggWorkflow)
+    return SecAggPlusWorkflow, SecAggWorkflow
+
+
+@functools.cache
+def _strategy_classes() -> tuple[type, ...]:
+    from flwr.server.strategy import Strategy as LegacyStrategyBase
+    from flwr.serverapp.strategy import Strategy
+
+    return Strategy, LegacyStrategyBase
+
+
+def is_secagg(obj: Any) -> bool:
+    """Whether ``obj`` is Flower's ``SecAggPlusWorkflow`` or ``SecAggWorkflow``."""
+    return isinstance(obj, _secagg_classes())
 
 
 def is_strategy(obj: Any) -> bool:
     """Whether ``obj`` is a Strategy of Flower's Message API or of its legacy API."""
-    from flwr.server.strategy import Strategy as LegacyStrategyBase
-    from flwr.serverapp.strategy import Strategy
-
-    return isinstance(obj, Strategy | LegacyStrategyBase)
+    return isinstance(obj, _strategy_classes())
 
 
 def _is_driver(obj: Any) -> bool:
-    return is_strategy(obj) or is_secagg(obj)
+    return isinstance(obj, _strategy_classes() + _secagg_classes())
 
 
 def drivers(skip: Iterable[Any] = ()) -> list[Any]:
