@@ -37,9 +37,8 @@ from flowerdro.runs.report import comparison_table, final_summary
 from flowerdro.runs.results import load_records
 from flowerdro.settings import read_settings
 from flowerdro.strategies import FairStrategy, RunFailedError, build_strategy, initial_arrays
-from flowerdro.trackers.common import ObserverFactory
 
-__all__ = ["Comparison", "Plan", "client_config", "run_plans"]
+__all__ = ["Comparison", "ObserverFactory", "Plan", "client_config", "run_plans"]
 
 #: Run-config keys forwarded to the clients in every training message's config.
 CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
@@ -54,6 +53,11 @@ class Plan:
     seed: int
     run_config: dict[str, Any]
     output_dir: Path | None = None
+
+
+#: A factory ``(plan) -> observer or None``, called once per run (see :func:`run_plans`);
+#: :func:`flowerdro.trackers.observer_factories` makes them from the run config.
+ObserverFactory = Callable[[Plan], Any]
 
 
 @dataclass

@@ -43,7 +43,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -55,8 +55,6 @@ from flowerdro.wrappers import dp_kind, is_secagg, is_strategy
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
     from flwr.serverapp.strategy import Strategy
-
-    from flowerdro.strategies.base import FairStrategy
 
 __all__ = ["CENTRAL_DP", "DP_KINDS", "LOCAL_DP", "MECHANISMS", "SECAGG", "PrivacyError", "PrivacySettings", "central_dp",
            "check_client_mods", "check_driver", "check_integer_arrays", "dp_from_run_config", "privacy_record",
@@ -97,6 +95,20 @@ class PrivacySettings(Settings):
             raise ValueError(f"dp-accountant: Flower accounts for fixed clipping only; got dp = {self.dp!r}")
 
 
+class Declaring(Protocol):
+    """What the checks read of a strategy: its names, its declarations, the wrapper it runs under."""
+
+    name: str
+    run_name: str
+    outer: Any
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """What its clients send that ``mechanism`` cannot protect (None: it composes)."""
+
+    def uniform_mean(self) -> bool:
+        """Whether its server step is the uniform mean of the clients' models."""
+
+
 class PrivacyError(ValueError):
     """A privacy mechanism a user asked for cannot protect what a strategy sends (raised before any message)."""
 
@@ -117,7 +129,7 @@ def set_composing(composing: Callable[[str], Sequence[str]]) -> None:
     _composing = composing
 
 
-def refusal(strategy: FairStrategy, mechanism: str, by: str, *, extra: str = "") -> PrivacyError | None:
+def refusal(strategy: Declaring, mechanism: str, by: str, *, extra: str = "") -> PrivacyError | None:
     """The error refusing ``strategy`` under ``mechanism`` (applied by ``by``), or None when it composes."""
     what = strategy.unprotected(mechanism)
     if what is None:
@@ -130,7 +142,7 @@ def refusal(strategy: FairStrategy, mechanism: str, by: str, *, extra: str = "")
 
 
 # --------------------------------------------------------------------------- a driver
-def check_driver(strategy: FairStrategy, driver: Any) -> bool:
+def check_driver(strategy: Declaring, driver: Any) -> bool:
     """Check one object on the chain that drives ``strategy`` (:func:`flowerdro.wrappers.drivers`).
 
     Returns True for an object worth remembering (a central-DP wrapper, a SecAgg workflow,
@@ -174,7 +186,7 @@ def check_integer_arrays(wrapper: Any, arrays: ArrayRecord) -> None:
 
 
 # --------------------------------------------------------------------------- the clients' mods
-def check_client_mods(strategy: FairStrategy, client_info: Mapping[int, Mapping[str, Any]], *,
+def check_client_mods(strategy: Declaring, client_info: Mapping[int, Mapping[str, Any]], *,
                       wrapper: tuple[str, str] | None, secagg: bool) -> None:
     """Refuse the run when a client's mods cannot protect what the strategy sends (checked at the roll call).
 
@@ -322,7 +334,7 @@ class _SampleSize:
         return out
 
 
-def central_dp(strategy: FairStrategy, kind: str, *, noise_multiplier: float, clipping_norm: float = 1.0,
+def central_dp(strategy: Declaring, kind: str, *, noise_multiplier: float, clipping_norm: float = 1.0,
                num_sampled_clients: int | None = None, accountant: Any = None, target_delta: float = 1e-5,
                max_epsilon: float | None = None, **adaptive: Any) -> Strategy:
     """Wrap ``strategy`` in Flower's central-DP wrapper ``kind`` and let ``strategy.start`` drive it.
@@ -397,7 +409,7 @@ def _rdp_accountant(target_delta: float, max_epsilon: float | None) -> Any:
     return make
 
 
-def dp_from_run_config(strategy: FairStrategy, settings: Any) -> Strategy | None:
+def dp_from_run_config(strategy: Declaring, settings: Any) -> Strategy | None:
     """The central-DP wrapper the run config asks for (``dp``, ``dp-*`` keys of :class:`PrivacySettings`), if any."""
     if not settings.dp:
         return None

@@ -19,7 +19,6 @@ from flwr.app import ArrayRecord, Message
 from flowerdro import privacy, wrappers
 
 if TYPE_CHECKING:
-    from flowerdro.strategies.base import FairStrategy
     from flowerdro.strategies.replies import Expected, Judge
 
 __all__ = ["PrivacyGuard"]
@@ -30,12 +29,13 @@ class PrivacyGuard:
 
     Parameters
     ----------
-    strategy : FairStrategy
-        The strategy guarded: what it cannot have protected (``unprotected``), whether it
-        aggregates uniformly (``uniform_mean``), its ``outer`` wrapper.
+    strategy : privacy.Declaring
+        The strategy guarded (a :class:`~flowerdro.strategies.base.FairStrategy`): what it
+        cannot have protected (``unprotected``), whether it aggregates uniformly
+        (``uniform_mean``), its ``outer`` wrapper.
     """
 
-    def __init__(self, strategy: FairStrategy) -> None:
+    def __init__(self, strategy: privacy.Declaring) -> None:
         self.strategy = strategy
         #: The drivers seen so far (DP wrappers, SecAgg workflows, other Strategies), outermost first.
         self.drivers: list[Any] = []

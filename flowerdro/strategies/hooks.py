@@ -38,8 +38,8 @@ from flowerdro.strategies.transport import build_messages
 
 if TYPE_CHECKING:
     from flowerdro.protocol import TrainingSettings
-    from flowerdro.strategies.base import LoopSettings
     from flowerdro.strategies.guard import PrivacyGuard
+    from flowerdro.strategies.loop import LoopSettings
     from flowerdro.strategies.messaging import Communicator
     from flowerdro.strategies.records import ClientResults
     from flowerdro.strategies.rounds import Round
@@ -135,11 +135,11 @@ class AlgorithmHooks:
 
     def server_state(self) -> dict[str, Any]:
         """Everything the server needs to continue the run after the current round (a checkpoint's content)."""
-        return server_state.server_state(self)  # type: ignore[arg-type]
+        return server_state.server_state(self)
 
     def restore(self, checkpoint: Mapping[str, Any]) -> ArrayRecord:
         """Put the server back in the state of ``checkpoint``; returns the global model."""
-        return server_state.restore(self, checkpoint)  # type: ignore[arg-type]
+        return server_state.restore(self, checkpoint)
 
     # ------------------------------------------------------------------ tools
     @property

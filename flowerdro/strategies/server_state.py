@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.app import ArrayRecord
 
 from flowerdro.strategies.arrays import numpy_to_arrays
 
-if TYPE_CHECKING:
-    from flowerdro.strategies.base import FairStrategy
-
 __all__ = ["restore", "server_state"]
 
 
-def server_state(strategy: FairStrategy) -> dict[str, Any]:
-    """Everything the server needs to continue the run after the current round.
+def server_state(strategy: Any) -> dict[str, Any]:
+    """Everything a :class:`~flowerdro.strategies.base.FairStrategy`'s server needs to continue the run.
 
     The global model, the round counter, the generator's state, the node ↔ partition
     map, the failures, the latest per-client results, the history so far, the rounds in
@@ -48,7 +45,7 @@ def server_state(strategy: FairStrategy) -> dict[str, Any]:
     }
 
 
-def restore(strategy: FairStrategy, checkpoint: Mapping[str, Any]) -> ArrayRecord:
+def restore(strategy: Any, checkpoint: Mapping[str, Any]) -> ArrayRecord:
     """Put ``strategy``'s server back in the state of ``checkpoint``; returns the global model."""
     strategy.round.number = int(checkpoint["round"])
     strategy.comm.roster.restore(dict(checkpoint))
