@@ -44,10 +44,9 @@ from flowerdro.runs.output import RunWriter
 from flowerdro.runs.report import comparison_table, final_summary
 from flowerdro.settings import read_settings
 from flowerdro.strategies import FairStrategy, RunFailedError, build_strategy, initial_arrays
-from flowerdro.trackers.common import ObserverFactory
 from flowerdro.validation import check_run_config_values
 
-__all__ = ["Comparison", "Plan", "client_config", "run_plans"]
+__all__ = ["Comparison", "ObserverFactory", "Plan", "client_config", "run_plans"]
 
 #: Run-config keys forwarded to the clients in every training message's config.
 CLIENT_KEYS = ("lr", "local-steps", "local-epochs", "batch-size", "seed", "loss-on", "weight-decay")
@@ -62,6 +61,11 @@ class Plan:
     seed: int
     run_config: dict[str, Any]
     output_dir: Path | None = None
+
+
+#: A factory ``(plan) -> observer or None``, called once per run (see :func:`run_plans`);
+#: :func:`flowerdro.trackers.observer_factories` makes them from the run config.
+ObserverFactory = Callable[[Plan], Any]
 
 
 @dataclass
@@ -152,7 +156,7 @@ def run_plans(
                                    run_id=run_id)) for plan in plans]
     for plan, strategy in built:  # central DP when the run config asks: refused here for a strategy it cannot protect
         dp_from_run_config(strategy, read_settings(PrivacySettings, plan.run_config))
-        strategy.comm.run_config = plan.run_config  # the roll call checks each node's num-partitions against it
+        strategy.comm.roster.run_config = plan.run_config  # the roll call checks each node's num-partitions against it
     releases: list[Callable[[], None]] = []
     try:
         if out_dir is not None:
@@ -274,10 +278,7 @@ def _collect(result: Comparison, plan: Plan, strategy: FairStrategy, final: Arra
 
 def _writer(strategy: FairStrategy) -> RunWriter | None:
     """The strategy's :class:`RunWriter` (None when it writes no files)."""
-    for obs in strategy._observers:  # noqa: SLF001
-        if isinstance(obs, RunWriter):
-            return obs
-    return None
+    return strategy.observers.of_type(RunWriter)
 
 
 def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) -> None:

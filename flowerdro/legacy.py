@@ -43,7 +43,6 @@ messages only.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -80,7 +79,8 @@ from flowerdro.clients.kit import RUNS_KEPT, ClientKit, TrainArgs
 from flowerdro.clients.mods import ModChain
 from flowerdro.clients.training import LossFn
 from flowerdro.legacy_wire import fitres_to_content, flowerdro_ins, message_to_ins, serve_ins
-from flowerdro.strategies.messaging import missing_route_hint
+from flowerdro.strategies import build_strategy, initial_arrays
+from flowerdro.strategies.replies import missing_route_hint
 
 __all__ = ["LegacyClientApp", "LegacyStrategy"]
 
@@ -110,8 +110,6 @@ class LegacyStrategy(Strategy):
     def __init__(self, strategy: Any, run_config: Mapping[str, Any] | None = None, *, num_rounds: int,
                  initial_parameters: Parameters | None = None, timeout: float = 3600.0,
                  own_keys: Iterable[str] = ()) -> None:
-        from flowerdro.strategies import build_strategy
-
         self.run_config = dict(run_config or {})
         self.strategy = (build_strategy(strategy, self.run_config, own_keys=own_keys) if isinstance(strategy, str)
                          else strategy)
@@ -119,7 +117,8 @@ class LegacyStrategy(Strategy):
             raise ValueError(f"num_rounds: must be >= 1, got {num_rounds}")
         self.num_rounds, self.timeout = int(num_rounds), float(timeout)
         self.strategy.num_rounds = self.num_rounds
-        self.strategy.comm.timeout = self.timeout
+        self.strategy.comm.transport.timeout = self.timeout
+        self.strategy.guard.adapters.append(self)  # it calls the strategy on the drivers' behalf: not a driver
         self.initial_parameters = initial_parameters
         self._keys: list[str] | None = None
         self._sent: dict[int, Message] = {}
@@ -140,16 +139,6 @@ class LegacyStrategy(Strategy):
         raise RuntimeError("LegacyStrategy: the client proxies carry no Grid; run it in a Flower ServerApp "
                            "(ServerApp(server_fn=...) with ServerAppComponents), which talks to the clients "
                            "through a Grid")
-
-    def _identify(self, frame: Any) -> None:
-        """Check the legacy wrapper or workflow that calls this strategy (:func:`flowerdro.privacy.check_caller`)."""
-        from flowerdro.privacy import check_caller
-
-        caller = frame.f_locals.get("self") if frame is not None else None
-        if caller is None or caller is self or any(c is caller for c in self.strategy.callers):
-            return
-        if check_caller(self.strategy, caller):
-            self.strategy.callers.append(caller)
 
     def _arrays(self, parameters: Parameters) -> ArrayRecord:
         values = parameters_to_ndarrays(parameters)
@@ -212,9 +201,13 @@ class LegacyStrategy(Strategy):
         return replies
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """The initial model: the names and shapes of a client's model, the values of ``initial_parameters``."""
-        from flowerdro.strategies import initial_arrays
+        """The initial model: the names and shapes of a client's model, the values of ``initial_parameters``.
 
+        The wrappers and workflows that drive this strategy are checked first
+        (:mod:`flowerdro.wrappers`): one the algorithm cannot compose with is refused before
+        any message.
+        """
+        self.strategy.guard.observe()
         try:
             named = initial_arrays(self._grid(client_manager), self.run_config, self.timeout)
         except RuntimeError as exc:
@@ -236,7 +229,7 @@ class LegacyStrategy(Strategy):
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                       ) -> list[tuple[ClientProxy, FitIns]]:
         """The strategy's ``configure_train`` as FitIns (its exchanges before training run on the grid)."""
-        self._identify(sys._getframe(1))
+        self.strategy.guard.observe()
         if server_round > self.num_rounds:
             raise ValueError(f"num_rounds: LegacyStrategy(num_rounds={self.num_rounds}) but the Server runs round "
                              f"{server_round}; give both the same number of rounds")
@@ -251,14 +244,12 @@ class LegacyStrategy(Strategy):
 
     def _uniform(self) -> bool:
         """Whether the training replies' weights must be equal (SecAgg+ over a strategy that averages uniformly)."""
-        from flowerdro.privacy import _is_secagg
-
-        return any(_is_secagg(c) for c in self.strategy.callers) and self.strategy.name == "scaffold"
+        return self.strategy.guard.secagg() and self.strategy.name == "scaffold"
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """The FitRes as replies to the strategy's ``aggregate_train``: the new model and the training metrics."""
-        self._identify(sys._getframe(1))
+        self.strategy.guard.observe()
         replies = self._replies(results, failures, fitres_to_content)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         return self._parameters(arrays), _scalars(metrics)
@@ -266,7 +257,7 @@ class LegacyStrategy(Strategy):
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """The strategy's per-client evaluation as EvaluateIns (none when not due this round)."""
-        self._identify(sys._getframe(1))
+        self.strategy.guard.observe()
         grid = self._grid(client_manager)
         messages = list(self.strategy.configure_evaluate(server_round, self._arrays(parameters), ConfigRecord(),
                                                          grid))
@@ -275,7 +266,7 @@ class LegacyStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         """The fairness numbers and the clients' own metrics (example-weighted), with the mean client loss."""
-        self._identify(sys._getframe(1))
+        self.strategy.guard.observe()
 
         def content(res: EvaluateRes) -> RecordDict:
             return RecordDict({"metrics": MetricRecord({k: v for k, v in res.metrics.items()

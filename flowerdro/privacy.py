@@ -24,11 +24,13 @@ protect, and which strategies do compose:
   SCAFFOLD with the control variates kept on the clients) compose.
 
 Each strategy says what it cannot have protected (:meth:`FairStrategy.unprotected
-<flowerdro.strategies.base.FairStrategy.unprotected>`). The strategy identifies the object
-that calls its Strategy methods the first time it does (:func:`check_caller`) and the
-clients' mods from their roll-call replies (:func:`check_client_mods`); with a
-client-side clipping wrapper it checks that every training reply was clipped
-(:func:`check_client_clipping`). :func:`central_dp` builds a Flower wrapper around a
+<flowerdro.strategies.base.FairStrategy.unprotected>`). The checks here receive what they
+judge (the strategy's declarations, a driver found by :mod:`flowerdro.wrappers`, the
+clients' mods, the replies) and import nothing of the strategies: a strategy's
+:class:`~flowerdro.strategies.guard.PrivacyGuard` checks every driver on its chain
+(:func:`check_driver`) and the clients' mods from their roll-call replies
+(:func:`check_client_mods`); with a client-side clipping wrapper every training reply is
+checked to be clipped (:func:`unclipped`). :func:`central_dp` builds a Flower wrapper around a
 flowerdro strategy (the number of sampled clients and the accountant's population are
 filled in when the first round knows them) and lets :meth:`FairStrategy.start
 <flowerdro.strategies.base.FairStrategy.start>` drive it; with an accountant the strategy
@@ -38,27 +40,25 @@ must aggregate uniformly (``weighting = "uniform"``), as Flower's accounted FedA
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 
 from flowerdro.settings import Settings, setting
-from flowerdro.strategies.messaging import Expected, metrics_of
+from flowerdro.wrappers import dp_kind, is_secagg, is_strategy
 
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
     from flwr.serverapp.strategy import Strategy
 
-    from flowerdro.strategies.base import FairStrategy
-
 __all__ = ["CENTRAL_DP", "DP_KINDS", "LOCAL_DP", "MECHANISMS", "SECAGG", "PrivacyError", "PrivacySettings", "central_dp",
-           "check_caller", "check_client_clipping", "check_client_mods", "composes", "dp_from_run_config",
-           "refusal"]
+           "check_client_mods", "check_driver", "check_integer_arrays", "dp_from_run_config", "privacy_record",
+           "refusal", "set_composing", "unclipped"]
 
 CENTRAL_DP, LOCAL_DP, SECAGG = "central DP", "local DP", "SecAgg+"
 #: The mechanisms a strategy declares what it cannot have protected from.
@@ -95,132 +95,88 @@ class PrivacySettings(Settings):
             raise ValueError(f"dp-accountant: Flower accounts for fixed clipping only; got dp = {self.dp!r}")
 
 
+class Declaring(Protocol):
+    """What the checks read of a strategy: its names, its declarations, the wrapper it runs under."""
+
+    name: str
+    run_name: str
+    outer: Any
+
+    def unprotected(self, mechanism: str) -> str | None:
+        """What its clients send that ``mechanism`` cannot protect (None: it composes)."""
+
+    def uniform_mean(self) -> bool:
+        """Whether its server step is the uniform mean of the clients' models."""
+
+
 class PrivacyError(ValueError):
     """A privacy mechanism a user asked for cannot protect what a strategy sends (raised before any message)."""
 
 
 # --------------------------------------------------------------------------- who composes
-def composes(name_or_strategy: Any, mechanism: str) -> bool:
-    """Whether a strategy (a registered name with its default settings, or an object) composes with ``mechanism``."""
-    return _unprotected(name_or_strategy, mechanism) is None
+#: mechanism -> the names of the strategies that compose with it; given by the strategy
+#: registry (:func:`set_composing`), which is where the strategies are known.
+_composing: Callable[[str], Sequence[str]] | None = None
 
 
-def _unprotected(name_or_strategy: Any, mechanism: str) -> str | None:
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism: unknown {mechanism!r}; allowed: {', '.join(MECHANISMS)}")
-    if isinstance(name_or_strategy, str):
-        from flowerdro.strategies import build_strategy
+def set_composing(composing: Callable[[str], Sequence[str]]) -> None:
+    """Name, in every refusal, the strategies that compose with the mechanism (``composing(mechanism)``).
 
-        name_or_strategy = build_strategy(name_or_strategy, {})
-    return name_or_strategy.unprotected(mechanism)
-
-
-def composing_names(mechanism: str) -> list[str]:
-    """The registered strategies that compose with ``mechanism`` under their default settings."""
-    from flowerdro.strategies.registry import strategy_names
-
-    return [n for n in strategy_names() if composes(n, mechanism)]
+    :mod:`flowerdro.strategies.registry` hands its ``composing_names`` over when it is
+    imported; until then a refusal names none.
+    """
+    global _composing
+    _composing = composing
 
 
-def refusal(strategy: FairStrategy, mechanism: str, by: str, *, extra: str = "") -> PrivacyError | None:
+def refusal(strategy: Declaring, mechanism: str, by: str, *, extra: str = "") -> PrivacyError | None:
     """The error refusing ``strategy`` under ``mechanism`` (applied by ``by``), or None when it composes."""
     what = strategy.unprotected(mechanism)
     if what is None:
         return None
-    names = ", ".join(composing_names(mechanism))
+    names = ", ".join(_composing(mechanism)) if _composing is not None else "see the README's table"
     return PrivacyError(
         f"{by} cannot protect what '{strategy.name}' sends: {what}. The run is refused before its first message "
         f"rather than run without the protection you asked for. Strategies that compose with {mechanism}: "
         f"{names}{extra} (README, 'Privacy and secure aggregation').")
 
 
-# --------------------------------------------------------------------------- the caller
-def _dp_wrapper_kind(obj: Any) -> tuple[str, str] | None:
-    """(side, clipping) of a Flower central-DP wrapper (either API), else None."""
-    from flwr.server import strategy as legacy
-    from flwr.serverapp import strategy as msg
+# --------------------------------------------------------------------------- a driver
+def check_driver(strategy: Declaring, driver: Any) -> bool:
+    """Check one object on the chain that drives ``strategy`` (:func:`flowerdro.wrappers.drivers`).
 
-    kinds = {
-        "DifferentialPrivacyServerSideFixedClipping": ("server", "fixed"),
-        "DifferentialPrivacyServerSideAdaptiveClipping": ("server", "adaptive"),
-        "DifferentialPrivacyClientSideFixedClipping": ("client", "fixed"),
-        "DifferentialPrivacyClientSideAdaptiveClipping": ("client", "adaptive"),
-    }
-    for name, kind in kinds.items():
-        for module in (msg, legacy):
-            cls = getattr(module, name, None)
-            if cls is not None and isinstance(obj, cls):
-                return kind
-    return None
-
-
-def _is_secagg(obj: Any) -> bool:
-    from flwr.server.workflow import SecAggPlusWorkflow, SecAggWorkflow
-
-    return isinstance(obj, SecAggPlusWorkflow | SecAggWorkflow)
-
-
-def check_caller(strategy: FairStrategy, caller: Any) -> bool:
-    """Identify the object that calls ``strategy``'s methods; refuse a privacy piece it cannot compose with.
-
-    Returns True when ``caller`` is a wrapper or workflow to remember (a DP wrapper, a
-    SecAgg workflow, any other Strategy), False for anything else. Raises
-    :class:`PrivacyError` when ``caller`` is a Flower DP wrapper or a SecAgg workflow and
-    the strategy sends what it cannot protect.
+    Returns True for an object worth remembering (a central-DP wrapper, a SecAgg workflow,
+    any other Strategy), False for anything else. Raises :class:`PrivacyError` when
+    ``driver`` is a Flower DP wrapper or a SecAgg workflow and the strategy sends what it
+    cannot protect, or when a DP wrapper accounts for a strategy that does not aggregate
+    uniformly.
     """
-    from flwr.server.strategy import Strategy as LegacyStrategyBase
-    from flwr.serverapp.strategy import Strategy
-
-    kind = _dp_wrapper_kind(caller)
+    kind = dp_kind(driver)
     if kind is not None:
-        by = f"{type(caller).__name__} (central DP, {kind[0]}-side {kind[1]} clipping)"
+        by = f"{type(driver).__name__} (central DP, {kind[0]}-side {kind[1]} clipping)"
         err = refusal(strategy, CENTRAL_DP, by)
         if err is not None:
             raise err
-        if getattr(caller, "accountant", None) is not None and not strategy.uniform_mean():
-            raise PrivacyError(f"{type(caller).__name__} with an accountant: the accounted noise assumes the "
+        if getattr(driver, "accountant", None) is not None and not strategy.uniform_mean():
+            raise PrivacyError(f"{type(driver).__name__} with an accountant: the accounted noise assumes the "
                                f"aggregate is the uniform mean of the clipped updates, but '{strategy.name}' "
                                "weights them by num-examples; set weighting = \"uniform\"")
         log(INFO, "[%s] under %s", strategy.run_name, by)
         return True
-    if _is_secagg(caller):
-        err = refusal(strategy, SECAGG, f"{type(caller).__name__} (secure aggregation)")
+    if is_secagg(driver):
+        err = refusal(strategy, SECAGG, f"{type(driver).__name__} (secure aggregation)")
         if err is not None:
             raise err
-        log(INFO, "[%s] under %s", strategy.run_name, type(caller).__name__)
+        log(INFO, "[%s] under %s", strategy.run_name, type(driver).__name__)
         return True
-    if isinstance(caller, Strategy | LegacyStrategyBase) and not _is_adapter(caller):
-        log(INFO, "[%s] driven by %s", strategy.run_name, type(caller).__name__)
+    if is_strategy(driver):
+        log(INFO, "[%s] driven by %s", strategy.run_name, type(driver).__name__)
         return True
     return False
 
 
-def _is_adapter(obj: Any) -> bool:
-    from flowerdro.legacy import LegacyStrategy
-
-    return isinstance(obj, LegacyStrategy)
-
-
-def dp_wrapper(strategy: FairStrategy) -> Any | None:
-    """The central-DP wrapper that drives ``strategy`` (its outer strategy or an identified caller), if any."""
-    for obj in [strategy.outer, *strategy.callers]:
-        if obj is not None and _dp_wrapper_kind(obj) is not None:
-            return obj
-    return None
-
-
-def client_clipping(strategy: FairStrategy) -> str | None:
-    """``"fixed"`` or ``"adaptive"`` when a client-side clipping wrapper drives ``strategy``, else None."""
-    wrapper = dp_wrapper(strategy)
-    kind = _dp_wrapper_kind(wrapper) if wrapper is not None else None
-    return kind[1] if kind is not None and kind[0] == "client" else None
-
-
-def check_integer_arrays(strategy: FairStrategy, arrays: ArrayRecord) -> None:
+def check_integer_arrays(wrapper: Any, arrays: ArrayRecord) -> None:
     """Refuse a model with integer arrays under a DP wrapper: its Gaussian noise cannot be added to them."""
-    wrapper = dp_wrapper(strategy)
-    if wrapper is None:
-        return
     ints = [k for k in arrays.keys() if np.dtype(arrays[k].dtype).kind in "iub"]
     if ints:
         raise PrivacyError(
@@ -230,11 +186,14 @@ def check_integer_arrays(strategy: FairStrategy, arrays: ArrayRecord) -> None:
 
 
 # --------------------------------------------------------------------------- the clients' mods
-def check_client_mods(strategy: FairStrategy, client_info: Mapping[int, Mapping[str, Any]]) -> None:
-    """Refuse the run when a client's mods cannot protect what the strategy sends (checked at the roll call)."""
-    wrapper = dp_wrapper(strategy)
-    side = _dp_wrapper_kind(wrapper) if wrapper is not None else None
-    secagg = any(_is_secagg(c) for c in strategy.callers)
+def check_client_mods(strategy: Declaring, client_info: Mapping[int, Mapping[str, Any]], *,
+                      wrapper: tuple[str, str] | None, secagg: bool) -> None:
+    """Refuse the run when a client's mods cannot protect what the strategy sends (checked at the roll call).
+
+    ``wrapper`` is the ``(side, clipping)`` of the central-DP wrapper driving the strategy
+    (None without one), ``secagg`` whether a SecAgg workflow drives it.
+    """
+    side = wrapper
     for node, info in sorted(client_info.items()):
         mods = [str(m) for m in (info.get("mods") or [])]
         for mod in mods:
@@ -257,41 +216,31 @@ def check_client_mods(strategy: FairStrategy, client_info: Mapping[int, Mapping[
                     "aggregation') or remove the mod")
 
 
-def check_client_clipping(strategy: FairStrategy, expected: Expected, valid: list[Message]) -> list[Message]:
-    """Under a client-side clipping wrapper, drop (as failures) the training replies that were not clipped.
+def unclipped(kind: tuple[str, str], clipping_norm: float, reference: ArrayRecord,
+              replies: Sequence[Message]) -> list[tuple[Message, str]]:
+    """The training replies a client-side clipping wrapper must not aggregate, each with the reason.
 
     A clipped reply w_i satisfies ‖w_i − w‖₂ ≤ C over all its arrays (float32 arithmetic
     of the mod: relative slack :data:`CLIP_RTOL`); with adaptive clipping it also carries
     the norm bit the wrapper needs. Dropping an unclipped reply keeps the noise's
     guarantee: the wrapper aggregates only updates bounded by C.
     """
-    wrapper = dp_wrapper(strategy)
-    kind = _dp_wrapper_kind(wrapper) if wrapper is not None else None
-    if kind is None or kind[0] != "client" or expected.reference is None:
-        return valid
     from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
-    clip = float(wrapper.clipping_norm)
-    ref = {k: np.asarray(expected.reference[k].numpy(), dtype=np.float64) for k in expected.reference.keys()}
-    kept = []
-    for r in valid:
+    clip = float(clipping_norm)
+    ref = {k: np.asarray(reference[k].numpy(), dtype=np.float64) for k in reference.keys()}
+    mod = "fixedclipping_mod" if kind[1] == "fixed" else "adaptiveclipping_mod"
+    out = []
+    for r in replies:
         rec = r.content.array_records.get("arrays") or next(iter(r.content.array_records.values()))
         norm = math.sqrt(sum(float(((np.asarray(rec[k].numpy(), dtype=np.float64) - ref[k]) ** 2).sum())
                              for k in ref))
-        node = int(r.metadata.src_node_id)
-        mod = "fixedclipping_mod" if kind[1] == "fixed" else "adaptiveclipping_mod"
         if norm > clip * (1 + CLIP_RTOL) + 1e-7:
-            strategy.comm._fail("train", node, "unclipped",  # noqa: SLF001
-                                f"update norm {norm:.6g} > clipping norm {clip:.6g}: the client does not clip "
-                                f"(add {mod} to its ClientApp mods, or run flowerdro's ClientApp, which applies it)")
-            strategy.comm.valid_replies["train"] -= 1
-        elif kind[1] == "adaptive" and KEY_NORM_BIT not in metrics_of(r):
-            strategy.comm._fail("train", node, "unclipped",  # noqa: SLF001
-                                f"no '{KEY_NORM_BIT}' metric: the client does not run adaptiveclipping_mod")
-            strategy.comm.valid_replies["train"] -= 1
-        else:
-            kept.append(r)
-    return kept
+            out.append((r, f"update norm {norm:.6g} > clipping norm {clip:.6g}: the client does not clip "
+                           f"(add {mod} to its ClientApp mods, or run flowerdro's ClientApp, which applies it)"))
+        elif kind[1] == "adaptive" and not any(KEY_NORM_BIT in m for m in r.content.metric_records.values()):
+            out.append((r, f"no '{KEY_NORM_BIT}' metric: the client does not run adaptiveclipping_mod"))
+    return out
 
 
 # --------------------------------------------------------------------------- central DP around a strategy
@@ -385,7 +334,7 @@ class _SampleSize:
         return out
 
 
-def central_dp(strategy: FairStrategy, kind: str, *, noise_multiplier: float, clipping_norm: float = 1.0,
+def central_dp(strategy: Declaring, kind: str, *, noise_multiplier: float, clipping_norm: float = 1.0,
                num_sampled_clients: int | None = None, accountant: Any = None, target_delta: float = 1e-5,
                max_epsilon: float | None = None, **adaptive: Any) -> Strategy:
     """Wrap ``strategy`` in Flower's central-DP wrapper ``kind`` and let ``strategy.start`` drive it.
@@ -437,7 +386,6 @@ def central_dp(strategy: FairStrategy, kind: str, *, noise_multiplier: float, cl
         wrapper = cls(strategy, noise_multiplier, num_sampled_clients=num_sampled_clients,
                       initial_clipping_norm=clipping_norm, **adaptive)
     strategy.outer = wrapper
-    strategy.callers.append(wrapper)
     return wrapper
 
 
@@ -461,7 +409,7 @@ def _rdp_accountant(target_delta: float, max_epsilon: float | None) -> Any:
     return make
 
 
-def dp_from_run_config(strategy: FairStrategy, settings: Any) -> Strategy | None:
+def dp_from_run_config(strategy: Declaring, settings: Any) -> Strategy | None:
     """The central-DP wrapper the run config asks for (``dp``, ``dp-*`` keys of :class:`PrivacySettings`), if any."""
     if not settings.dp:
         return None
@@ -473,11 +421,8 @@ def dp_from_run_config(strategy: FairStrategy, settings: Any) -> Strategy | None
                       target_delta=settings.dp_delta, max_epsilon=settings.dp_max_epsilon, **adaptive)
 
 
-def privacy_record(strategy: FairStrategy) -> dict[str, Any] | None:
-    """The DP numbers of the wrapper driving ``strategy`` for its round record (None without one)."""
-    wrapper = dp_wrapper(strategy)
-    if wrapper is None:
-        return None
+def privacy_record(wrapper: Any) -> dict[str, Any]:
+    """The DP numbers of a central-DP wrapper for the round record: C, z (σ and ε when it knows them)."""
     if hasattr(wrapper, "privacy_record"):
         return wrapper.privacy_record()
     out = {"clipping_norm": float(getattr(wrapper, "clipping_norm", math.nan)),
@@ -492,39 +437,3 @@ def privacy_record(strategy: FairStrategy) -> dict[str, Any] | None:
 def mod_names(mods: Sequence[Any]) -> list[str]:
     """The names a client reports for its mods (a function's name, an instance's class name)."""
     return [getattr(m, "__name__", None) or type(m).__name__ for m in mods]
-
-
-#: The columns of :func:`composition_table`: a piece of Flower and the mechanism it is.
-PIECES: tuple[tuple[str, str], ...] = (
-    ("central DP, server-side clipping (fixed / adaptive)", CENTRAL_DP),
-    ("central DP, client-side clipping (fixed / adaptive)", CENTRAL_DP),
-    ("LocalDpMod", LOCAL_DP),
-    ("SecAgg+ (legacy API)", SECAGG),
-)
-
-
-def composition_table() -> str:
-    """Markdown: every registered strategy × Flower's privacy pieces → runs, or refused and why.
-
-    From the strategies' own declarations (:meth:`FairStrategy.unprotected`) under their
-    default settings; the test matrix runs every pair and checks the outcome.
-    """
-    from flowerdro.strategies import build_strategy
-    from flowerdro.strategies.registry import strategy_names
-
-    rows = ["| strategy | " + " | ".join(p for p, _ in PIECES) + " |", "|---|" + "---|" * len(PIECES)]
-    reasons: dict[str, str] = {}
-    for name in strategy_names():
-        strategy = build_strategy(name, {})
-        cells = []
-        for _, mechanism in PIECES:
-            what = strategy.unprotected(mechanism)
-            if what is None:
-                cells.append("runs")
-            else:
-                ref = reasons.setdefault(what, f"R{len(reasons) + 1}")
-                cells.append(f"refused ({ref})")
-        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    rows.append("")
-    rows.extend(f"{ref}: {what}." for what, ref in reasons.items())
-    return "\n".join(rows) + "\n"

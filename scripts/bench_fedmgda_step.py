@@ -146,7 +146,7 @@ def bench_strategy(w: list[np.ndarray], contents: list[RecordDict]) -> dict[str,
     arrays = ArrayRecord({k: Array(a) for k, a in zip(keys, w, strict=True)})
     grid = OneByOneGrid(contents)
     s = FedMGDA(eps=EPS, global_lr=ETA)
-    s.comm.pull_interval = 0.0
+    s.comm.transport.pull_interval = 0.0
     s.state["num_rounds"] = 1
     new, _ = s.train_round(1, grid, arrays, ConfigRecord({}))
     t_end, c_end = time.perf_counter(), time.process_time()

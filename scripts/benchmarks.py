@@ -188,23 +188,23 @@ def _plain_rounds(rc: dict[str, Any], n: int, rounds: int, device: Any = None) -
 def _runner_rounds(rc: dict[str, Any], n: int, strategy: str, rounds: int) -> tuple[list[float], list[float]]:
     """Wall (the records' ``time_s``) and CPU seconds (between round ends) of rounds 2..R of the runner."""
     from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
+    from flowerdro.strategies.observers import Observers
 
     cfg = {"name": "bench", "num-rounds": rounds, "seeds": [0], "num-partitions": n, "strategies": [strategy],
            "run-config": rc}
     marks: list[float] = []
-    notify = FairStrategy._notify
+    notify = Observers.notify
 
-    def timed(self: FairStrategy, event: str, *a: Any) -> None:
+    def timed(self: Observers, strategy: Any, event: str, *a: Any) -> None:
         if event == "on_round":
             marks.append(time.process_time())
-        notify(self, event, *a)
+        notify(self, strategy, event, *a)
 
-    FairStrategy._notify = timed  # type: ignore[method-assign]
+    Observers.notify = timed  # type: ignore[method-assign]
     try:
         res = run(cfg, output_root=None, verbose=False)
     finally:
-        FairStrategy._notify = notify  # type: ignore[method-assign]
+        Observers.notify = notify  # type: ignore[method-assign]
     return [float(r["time_s"]) for r in res.histories[strategy][0][1:]], list(np.diff(marks))
 
 
@@ -526,13 +526,13 @@ rc = {"dataset": "fashion_mnist", "data-dir": data_dir, "partition": "iid", "mod
       "local-steps": 10, "batch-size": 5, "seed": 0, "fraction-train": min(1.0, 100 / n), "clients-per-round": min(n, 100)}
 rc.update(json.loads(sys.argv[5]))
 cfg = {"name": "mem", "num-rounds": rounds, "seeds": [0], "num-partitions": n, "strategies": [strategy], "run-config": rc}
-import flowerdro.strategies.base as base
-orig = base.FairStrategy._notify
-def notify(self, event, *a):
+from flowerdro.strategies.observers import Observers
+orig = Observers.notify
+def notify(self, strategy, event, *a):
     if event == "on_round":
         marks.append(rss())
-    return orig(self, event, *a)
-base.FairStrategy._notify = notify
+    return orig(self, strategy, event, *a)
+Observers.notify = notify
 t0 = time.perf_counter()
 res = run(cfg, output_root=None, verbose=False)
 with open("/proc/self/status") as fh:  # VmHWM: this process image's peak (ru_maxrss survives exec)

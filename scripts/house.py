@@ -32,7 +32,7 @@ PACKAGE = "flowerdro"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "settings", "buffers", "plots"),
     ("protocol", "data", "models"),
-    ("runs", "privacy", "legacy_wire"),
+    ("runs", "wrappers", "privacy", "legacy_wire"),
     ("clients", "deploy"),
     ("strategies",),
     ("legacy", "trackers"),
@@ -70,8 +70,8 @@ class Module:
         return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -113,7 +113,7 @@ def read_package(root: Path = ROOT) -> dict[str, Module]:
     for path in sorted((root / PACKAGE).rglob("*.py")):
         text = path.read_text()
         tree = ast.parse(text)
-        name = _module_name(path)
+        name = _module_name(path, root)
         mod = Module(name, path, len(text.splitlines()))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):

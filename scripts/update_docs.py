@@ -27,7 +27,7 @@ BLOCK = re.compile(r"(<!-- keys:([a-z0-9+-]+) -->\n)(.*?)(<!-- /keys -->)", re.S
 def table(name: str) -> str:
     """The markdown table of the keys of group or strategy ``name`` (``privacy-composition``: who composes)."""
     if name == "privacy-composition":
-        from flowerdro.privacy import composition_table
+        from flowerdro.strategies.registry import composition_table
 
         return composition_table()
     from flowerdro.settings import describe

@@ -92,20 +92,20 @@ def crash_after(monkeypatch):
     """``crash(experiment, crash_round)``: run the experiment config and stop it right after
     round ``crash_round`` was written with its checkpoint, as a crash of the ServerApp would."""
     from flowerdro.experiments import run
-    from flowerdro.strategies.base import FairStrategy
+    from flowerdro.strategies.observers import Observers
 
     def crash(experiment: dict, crash_round: int) -> None:
-        original = FairStrategy._notify
+        original = Observers.notify
 
-        def crashing(self, event, *args):
-            original(self, event, *args)
+        def crashing(self, strategy, event, *args):
+            original(self, strategy, event, *args)
             if event == "on_round" and args[0]["round"] == crash_round:
                 raise _Crash
 
-        monkeypatch.setattr(FairStrategy, "_notify", crashing)
+        monkeypatch.setattr(Observers, "notify", crashing)
         with pytest.raises(_Crash):
             run(experiment, verbose=False)
-        monkeypatch.setattr(FairStrategy, "_notify", original)
+        monkeypatch.setattr(Observers, "notify", original)
 
     return crash
 

@@ -11,13 +11,17 @@ what goes wrong (an exception, no reply, a late reply, NaN arrays or metrics, a 
 shaped array, float64 arrays, an extra metric, a missing record), in which phases
 (message types) and rounds.
 
-Time is simulated where a fault makes a client slow: the grid's :meth:`InProcessGrid.clock`
-runs ahead of wall time by every second a slow or silent client made the server wait, and
-the server's deadline logic reads it (``send_and_receive`` discards a reply later than its
-``timeout``; :meth:`flowerdro.strategies.messaging.Communicator.stream` times its deadline
-and its waits between pulls with the grid's ``clock``/``sleep``). A ``timeout`` fault thus
-costs the server its whole round timeout, as a hung SuperNode would, without the test
-sleeping through it.
+Time on the grid is simulated, never the host's: :meth:`InProcessGrid.clock` counts the
+seconds the server waited for its clients, moved only by the fault model (a ``slow``
+client's ``seconds``, a silent one's whole timeout) and by the server's own waits
+(:meth:`InProcessGrid.sleep`). The server's deadline logic reads it
+(``send_and_receive`` discards a reply whose simulated delay exceeds its ``timeout``;
+:meth:`flowerdro.strategies.transport.Transport.stream` times its deadline and its waits
+between pulls with the grid's ``clock``/``sleep``). A ``timeout`` fault thus costs the
+server its whole round timeout, as a hung SuperNode would, without the test sleeping
+through it, and how long the host takes to run a client (a loaded machine, a slow CPU)
+never turns a reply into a timeout: a run on this grid gives the same failures on every
+host.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ class InProcessGrid(LocalGrid):
         message at once). 1 makes replies arrive one by one, as from clients that finish
         at different times.
     skew : float (default: 0.0)
-        Simulated seconds the grid's :meth:`clock` runs ahead of wall time.
+        Simulated seconds on the grid's :meth:`clock` when it starts.
     run_id : int or None (default: None)
         The Flower run id in every node's Context; None: a new one for each grid, so two
         grids in one process are two runs (the clients key what they keep by it).
@@ -215,8 +219,8 @@ class InProcessGrid(LocalGrid):
 
     # -- simulated clock -------------------------------------------------------------------
     def clock(self) -> float:
-        """Seconds on the grid's clock: ``time.monotonic()`` plus the simulated :attr:`skew`."""
-        return time.monotonic() + self.skew
+        """Seconds on the grid's clock: simulated time, the :attr:`skew` the server has waited so far."""
+        return self.skew
 
     def sleep(self, seconds: float) -> None:
         """Let ``seconds`` pass on the grid's clock (simulated: returns at once)."""
@@ -294,11 +298,12 @@ class InProcessGrid(LocalGrid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Run the ClientApp for each message in turn and collect the replies.
 
-        A reply that took longer than ``timeout`` (its run time plus a ``slow`` fault's
-        simulated seconds) is discarded, as a SuperLink would. The clients answer in
-        parallel on a real grid, so the :meth:`clock` moves on by the longest simulated
-        delay, at most ``timeout`` (a ``timeout`` fault: the whole ``timeout``). A call with
-        one message to a node of :meth:`run_in_order`'s order waits for its turn.
+        A reply whose simulated delay (a ``slow`` fault's seconds) exceeds ``timeout`` is
+        discarded, as a SuperLink would; the time the host takes to run the client is no
+        part of it. The clients answer in parallel on a real grid, so the :meth:`clock`
+        moves on by the longest simulated delay, at most ``timeout`` (a ``timeout`` fault:
+        the whole ``timeout``). A call with one message to a node of :meth:`run_in_order`'s
+        order waits for its turn.
         """
         messages = list(messages)
         nid = int(messages[0].metadata.dst_node_id) if len(messages) == 1 else None
@@ -315,8 +320,8 @@ class InProcessGrid(LocalGrid):
             self._accept(msg)
             delay = self._delay(msg)
             waited = max(waited, delay if timeout is None else min(delay, timeout))
-            reply, elapsed = self._deliver(msg)
-            if reply is None or (timeout is not None and elapsed + delay > timeout):
+            reply, _ = self._deliver(msg)
+            if reply is None or (timeout is not None and delay > timeout):
                 continue
             replies.append(reply)
         if math.isinf(waited):

@@ -17,10 +17,10 @@ from flowerdro.strategies.drdsgd import DRDSGD, DSGD
 from flowerdro.strategies.drfa import DRFA, DRFAProx
 from flowerdro.strategies.fedmgda import FedMGDA
 from flowerdro.strategies.fedrobust import AdversarialTraining, FedRobust
-from flowerdro.strategies.messaging import initial_arrays
 from flowerdro.strategies.registry import ALGORITHMS, build_strategy, strategy_names, strength_knobs
 from flowerdro.strategies.scaffold import SCAFFOLD
 from flowerdro.strategies.scaffpd import SCAFFPD
+from flowerdro.strategies.transport import initial_arrays
 
 __all__ = [
     "ALGORITHMS",

@@ -35,7 +35,7 @@ from flowerdro.protocol import IDENTIFIER_METRICS, NUM_EXAMPLES
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, numpy_to_arrays, record_weight
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["FedAvgBaseline", "FedAvgSettings", "FedProxBaseline", "FedProxSettings", "FlowerBaseline",
            "QFedAvgBaseline", "QFedAvgSettings", "UNIFORM_WEIGHT", "aggregate_apart_from_buffers"]

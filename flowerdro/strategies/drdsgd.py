@@ -67,12 +67,13 @@ from flowerdro.core.gossip import (
 )
 from flowerdro.core.graphs import TOPOLOGIES, GraphSchedule
 from flowerdro.core.tilted import DEFAULT_LOG_CAP, MAX_LOG_CAP, MIN_LOG_CAP, log_cap_from_max_weight
+from flowerdro.privacy import LOCAL_DP
 from flowerdro.protocol import NUM_EXAMPLES
 from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["DRDSGD", "DSGD", "EVAL_MODELS", "TRAIN_DRDSGD", "TRAIN_DSGD", "DRDSGDSettings", "GossipSettings",
            "GossipState"]
@@ -289,8 +290,6 @@ class DRDSGD(FairStrategy):
 
     def unprotected(self, mechanism: str) -> str | None:
         """The server keeps every device's own model θ_i and mixes them per node: there is no one aggregate."""
-        from flowerdro.privacy import LOCAL_DP
-
         if mechanism == LOCAL_DP:
             return None
         return ("each device's own model θ_i^{t+½}, kept by the server per device and mixed row by row with W "

@@ -96,8 +96,8 @@ from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["DRFA", "DRFAProx", "DRFAProxSettings", "DRFASettings", "DRFAState"]
 
@@ -271,7 +271,7 @@ class DRFA(FairStrategy):
     def _sync_partitions(self) -> None:
         """Initialise λ once partitions are known; admit partitions discovered later."""
         st, cfg = self.state, self.config
-        known = set(self.comm.node_to_partition.values())
+        known = set(self.comm.roster.node_to_partition.values())
         if st.partitions:
             new = sorted(known - set(st.partitions))
             if new:
@@ -305,7 +305,7 @@ class DRFA(FairStrategy):
     def _discover(self, grid: Grid, arrays: ArrayRecord, nodes: list[int], config: ConfigRecord, rnd: int) -> None:
         """``query.loss`` to connected nodes whose partition is unknown, or, before λ(0) with
         ``lambda-init = "size"``, whose training-set size is unknown (learns the map and sizes)."""
-        part, st = self.comm.node_to_partition, self.state
+        part, st = self.comm.roster.node_to_partition, self.state
         sizes = self.config.lambda_init == "size" and not st.partitions
         ask = [n for n in nodes if int(n) not in part or (sizes and part[int(n)] not in st.sizes)]
         if not ask:
@@ -373,7 +373,7 @@ class DRFA(FairStrategy):
             self._skip(rnd, "no partition known")
             return []
         connected = set(nodes)
-        node_of = {pid: nid for nid, pid in self.comm.node_to_partition.items() if nid in connected}
+        node_of = {pid: nid for nid, pid in self.comm.roster.node_to_partition.items() if nid in connected}
 
         # 1. D(s) and t′
         draws = self._draw(len(st.partitions))

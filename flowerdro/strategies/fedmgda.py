@@ -115,12 +115,13 @@ from flwr.serverapp import Grid
 from flowerdro.core.layers import BUFFER_NAMES, update_mask
 from flowerdro.core.mgda import fedmgda_lr
 from flowerdro.core.mgda_step import GRAM_PRECISIONS, StreamingServerStep
+from flowerdro.privacy import LOCAL_DP
 from flowerdro.protocol import NUM_EXAMPLES, PARTITION_ID
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["BUFFER_NAMES", "FedMGDA", "FedMGDASettings", "ReplyStream", "VanillaFedMGDA", "improved_fraction",
            "update_mask"]
@@ -301,8 +302,6 @@ class FedMGDA(FairStrategy):
 
     def unprotected(self, mechanism: str) -> str | None:
         """The min-norm step reads every sampled client's update (normalised by its own norm)."""
-        from flowerdro.privacy import LOCAL_DP
-
         if mechanism == LOCAL_DP:
             if self.config.track_improvement:
                 return ("per-client losses before and after the step (track-improvement: query.loss or "
@@ -341,7 +340,7 @@ class FedMGDA(FairStrategy):
         Only when this strategy's own :meth:`start` drives it without a wrapper (a wrapper
         may change the replies before :meth:`train_step`); otherwise the base's delivery.
         """
-        expected = self._expected.get("train")
+        expected = self.round.expected.get("train")
         arrays = self.current_arrays
         if self.outer is not None or expected is None or not messages or arrays is None:
             return super().exchange_train(grid, messages)
@@ -352,7 +351,7 @@ class FedMGDA(FairStrategy):
         added = [0]  # messages before this position are in the stream (or failed)
 
         def drain(final: bool) -> None:
-            failed = {position.get(f.node_id) for f in self.comm.failures_of_round() if f.phase == "train"}
+            failed = {position.get(f.node_id) for f in self.comm.log.of_round() if f.phase == "train"}
             while added[0] < len(messages):
                 chunk = range(added[0], min(added[0] + self.stream_chunk, len(messages)))
                 if not final and not all(i in waiting or i in failed for i in chunk):
@@ -371,7 +370,7 @@ class FedMGDA(FairStrategy):
                                           required_metrics=expected.required_metrics)
         drain(final=True)
         expected.judged = True
-        self.note_valid("train", replies)
+        self.data_sizes.note("train", replies, self.partition)
         replies = sorted(replies, key=lambda r: position[int(r.metadata.src_node_id)])
         self._streamed = (stream, [id(r) for r in replies], last[0])
         return replies

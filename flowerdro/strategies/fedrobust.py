@@ -57,8 +57,8 @@ from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import average_arrays
 from flowerdro.strategies.base import FairStrategy
 from flowerdro.strategies.baselines import UNIFORM_WEIGHT, FedAvgSettings, _MeanOfModels
-from flowerdro.strategies.messaging import Failure, metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["AdversarialTraining", "FGMSettings", "FedAvgFGM", "FedAvgPGD", "FedRobust", "FedRobustSettings",
            "PGDSettings"]
@@ -156,7 +156,7 @@ class FedRobust(FairStrategy):
     # ------------------------------------------------------------------ the shifts
     def _identify(self, grid: Grid, nodes: Sequence[int], chosen: Sequence[int]) -> None:
         """Ask the chosen nodes of unknown partition which one they serve, if a stored shift lacks its node."""
-        served = set(self.comm.nodes_of(nodes))
+        served = set(self.comm.roster.nodes_of(nodes))
         orphans = set(self.state["shifts"]) - served
         unknown = [n for n in chosen if self.partition(n) is None]
         if orphans and unknown:
@@ -198,11 +198,7 @@ class FedRobust(FairStrategy):
 
     def _reject(self, node_id: int, kind: str, reason: str) -> bool:
         """Count a reply that passed the communicator's checks but not the shift's as a train failure."""
-        f = Failure(self.comm.round, "train", node_id, self.partition(node_id), kind, reason)
-        self.comm.failures.append(f)
-        self.comm.valid_replies["train"] -= 1
-        log(WARNING, "[%s] round %d train: dropped node %d (partition %s): %s: %s", self.run_name, f.round,
-            node_id, f.partition_id, kind, reason)
+        self.comm.judge.retract("train", node_id, kind, reason)
         return False
 
 

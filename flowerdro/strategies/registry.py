@@ -22,6 +22,7 @@ from typing import Any
 
 from flwr.common import log
 
+from flowerdro import privacy
 from flowerdro.protocol import NodeSettings, TrainingSettings
 from flowerdro.runs.identity import run_identity
 from flowerdro.runs.output import RunWriter
@@ -198,7 +199,6 @@ def settings_groups() -> dict[str, list[type[Settings]]]:
     settings.
     """
     from flowerdro.data.config import DataConfig  # the data's settings, not its loaders
-    from flowerdro.privacy import PrivacySettings
 
     algorithms: list[type[Settings]] = []
     for alg in ALGORITHMS.values():
@@ -209,7 +209,7 @@ def settings_groups() -> dict[str, list[type[Settings]]]:
         "loop": [LoopSettings],
         "clients": [TrainingSettings, NodeSettings],
         "data": [DataConfig],
-        "privacy": [PrivacySettings],
+        "privacy": [privacy.PrivacySettings],
         "algorithms": algorithms,
     }
 
@@ -228,6 +228,60 @@ def check_run_config(config: Mapping[str, Any], *, where: str = "run config") ->
     the run config it passes.
     """
     check_known_keys(config, known_keys(), where=where)
+
+
+# ---------------------------------------------------------------- who composes with Flower's privacy pieces
+def composes(name_or_strategy: str | FairStrategy, mechanism: str) -> bool:
+    """Whether a strategy (a registered name with its default settings, or an object) composes with ``mechanism``.
+
+    ``mechanism`` is one of :data:`flowerdro.privacy.MECHANISMS`; the answer is the
+    strategy's own declaration (``unprotected(mechanism) is None``).
+    """
+    if mechanism not in privacy.MECHANISMS:
+        raise ValueError(f"mechanism: unknown {mechanism!r}; allowed: {', '.join(privacy.MECHANISMS)}")
+    strategy = build_strategy(name_or_strategy, {}) if isinstance(name_or_strategy, str) else name_or_strategy
+    return strategy.unprotected(mechanism) is None
+
+
+def composing_names(mechanism: str) -> list[str]:
+    """The registered strategies that compose with ``mechanism`` under their default settings."""
+    return [n for n in strategy_names() if composes(n, mechanism)]
+
+
+# every refusal names the strategies that do compose
+privacy.set_composing(composing_names)
+
+#: The columns of :func:`composition_table`: a piece of Flower and the mechanism it is.
+PIECES: tuple[tuple[str, str], ...] = (
+    ("central DP, server-side clipping (fixed / adaptive)", privacy.CENTRAL_DP),
+    ("central DP, client-side clipping (fixed / adaptive)", privacy.CENTRAL_DP),
+    ("LocalDpMod", privacy.LOCAL_DP),
+    ("SecAgg+ (legacy API)", privacy.SECAGG),
+)
+
+
+def composition_table() -> str:
+    """Markdown: every registered strategy × Flower's privacy pieces → runs, or refused and why.
+
+    From the strategies' own declarations (``unprotected``) under their default settings;
+    the test matrix runs every pair and checks the outcome.
+    """
+    rows = ["| strategy | " + " | ".join(p for p, _ in PIECES) + " |", "|---|" + "---|" * len(PIECES)]
+    reasons: dict[str, str] = {}
+    for name in strategy_names():
+        strategy = build_strategy(name, {})
+        cells = []
+        for _, mechanism in PIECES:
+            what = strategy.unprotected(mechanism)
+            if what is None:
+                cells.append("runs")
+            else:
+                ref = reasons.setdefault(what, f"R{len(reasons) + 1}")
+                cells.append(f"refused ({ref})")
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.extend(f"{ref}: {what}." for what, ref in reasons.items())
+    return "\n".join(rows) + "\n"
 
 
 # ---------------------------------------------------------------- data sets

@@ -45,13 +45,14 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flowerdro.core.layers import cast_layer, update_mask
+from flowerdro.privacy import SECAGG
 from flowerdro.protocol import PARTITION_ID
 from flowerdro.runs.codec import register_state
 from flowerdro.settings import Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["SCAFFOLD", "SCAFFOLDSettings", "SCAFFOLDState"]
 
@@ -129,8 +130,6 @@ class SCAFFOLD(FairStrategy):
     def unprotected(self, mechanism: str) -> str | None:
         """SCAFFOLD's replies carry a control variate besides the model; only sums of both are needed when
         the clients keep c_i, which SecAgg+ protects."""
-        from flowerdro.privacy import SECAGG
-
         if mechanism == SECAGG and self.on_client:
             return None
         if mechanism == SECAGG:

@@ -76,8 +76,8 @@ from flowerdro.runs.codec import register_state
 from flowerdro.settings import Knob, Settings, setting
 from flowerdro.strategies.arrays import array_view, arrays_to_numpy, numpy_to_arrays
 from flowerdro.strategies.base import FairStrategy
-from flowerdro.strategies.messaging import metrics_of
 from flowerdro.strategies.records import mean_of_metric_records
+from flowerdro.strategies.replies import metrics_of
 
 __all__ = ["SCAFFPD", "SCAFFPDSettings", "SCAFFPDState"]
 

@@ -188,7 +188,7 @@ def run_folder(strategy: FairStrategy) -> Path | None:
     """The run folder the strategy's :class:`~flowerdro.runs.output.RunWriter` writes (None without one)."""
     from flowerdro.runs.output import RunWriter
 
-    for obs in getattr(strategy, "_observers", ()):  # the strategy's observers, in attach order
+    for obs in getattr(getattr(strategy, "observers", None), "items", ()):  # the strategy's observers, in attach order
         if isinstance(obs, RunWriter):
             return obs.output_dir
     return None

@@ -257,7 +257,7 @@ def test_a_model_mismatch_stops_the_run_in_round_1_with_the_error_logged_once(sy
     # client's message naming the array and both shapes, logged in full once
     import logging
 
-    from flowerdro.strategies.messaging import DeterministicClientError
+    from flowerdro.strategies.replies import DeterministicClientError
 
     kit = own_pieces_kit(synth_rc, 4)
     grid = InProcessGrid(kit.client_app(), 4, synth_rc)
@@ -269,7 +269,7 @@ def test_a_model_mismatch_stops_the_run_in_round_1_with_the_error_logged_once(sy
     caplog.set_level(logging.WARNING, logger="flwr")  # whatever an earlier test left
     with pytest.raises(DeterministicClientError) as err:
         strategy.start(grid, server, num_rounds=5, timeout=60, train_config=client_config(synth_rc))
-    assert strategy._round == 1 and not strategy.history
+    assert strategy.round.number == 1 and not strategy.history
     assert shapes in str(err.value)
     assert sum(shapes in r.getMessage() for r in caplog.records) == 1
 

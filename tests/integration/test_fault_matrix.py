@@ -79,7 +79,7 @@ def test_one_faulty_partition_never_stops_a_strategy_nor_corrupts_its_state(name
     fault = Fault(mode, rounds=tuple(range(1, ROUNDS + 1)), seconds=SLOW)
     grid = _RecordingGrid(client_app, 5, rc, faults={BAD: fault})
     strategy = build_strategy(name, rc)
-    strategy.comm.pull_interval = 1.0  # simulated seconds between empty pulls of the streamed path
+    strategy.comm.transport.pull_interval = 1.0  # simulated seconds between empty pulls of the streamed path
     init = initial_arrays(grid, rc, 60)
     t0 = grid.clock()
     res = strategy.start(grid, init, num_rounds=ROUNDS, timeout=TIMEOUT, train_config=client_config(rc))
@@ -128,7 +128,7 @@ def test_a_train_reply_is_a_timeout_exactly_when_it_comes_after_the_round_timeou
     grid = InProcessGrid(client_app, 4, rc, faults={BAD: Fault("slow", message_types=("train",), seconds=seconds)},
                          replies_per_pull=1)
     strategy = build_strategy(name, rc)
-    strategy.comm.pull_interval = 0.5  # simulated seconds; the slow reply is due on a whole second
+    strategy.comm.transport.pull_interval = 0.5  # simulated seconds; the slow reply is due on a whole second
     t0 = grid.clock()
     strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=2, timeout=TIMEOUT,
                    train_config=client_config(rc))
@@ -136,3 +136,30 @@ def test_a_train_reply_is_a_timeout_exactly_when_it_comes_after_the_round_timeou
     assert [(f.round, f.phase, f.partition_id, f.kind) for f in strategy.failures] == expected
     # the server waited for the slow client each round: its delay, or the whole timeout
     assert grid.clock() - t0 >= 2 * min(seconds, TIMEOUT)
+
+
+class _SlowHostApp:
+    """flowerdro's ClientApp on a host that takes ``seconds`` of wall time for every message."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, message, context):
+        import time
+
+        time.sleep(self.seconds)
+        return client_app(message, context)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedmgda+"])  # send_and_receive, and the streamed path
+def test_how_long_the_host_takes_never_makes_a_timeout(name):
+    """A host slower than the round timeout (each reply 0.3 s of wall time, timeout 0.2 s) times nothing out:
+    the grid's time is the fault model's, and this grid has no fault."""
+    rc = dict(RUN_CONFIG)
+    grid = InProcessGrid(_SlowHostApp(0.3), 3, rc, replies_per_pull=1)
+    strategy = build_strategy(name, rc)
+    t0 = grid.clock()
+    strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=1, timeout=0.2, train_config=client_config(rc))
+    assert strategy.failures == []
+    assert strategy.history[0]["acc_n"] == 3
+    assert grid.clock() == t0  # nobody was waited for

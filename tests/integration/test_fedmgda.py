@@ -183,7 +183,7 @@ def test_inprocess_grid_pull_answers_each_message_once_in_push_order(synth_rc):
 def _one_round(rc: dict, n: int, per_pull: int | None, faults: dict | None = None) -> tuple[FairStrategy, ArrayRecord]:
     grid = InProcessGrid(client_app, n, rc, faults=faults or {}, replies_per_pull=per_pull)
     strategy = build_strategy("fedmgda+", rc)
-    strategy.comm.pull_interval = 0.001
+    strategy.comm.transport.pull_interval = 0.001
     init = initial_arrays(grid, rc, 60)
     res = strategy.start(grid, init, num_rounds=2, timeout=60, train_config=client_config(rc))
     return strategy, res.arrays
@@ -223,7 +223,7 @@ def test_client_failing_mid_stream_is_dropped_and_step_matches_float64_batch(syn
 
     grid.pull_messages = spy  # type: ignore[method-assign]
     strategy = build_strategy("fedmgda+", rc)
-    strategy.comm.pull_interval = 0.001
+    strategy.comm.transport.pull_interval = 0.001
     init = initial_arrays(grid, rc, 60)
     res = strategy.start(grid, init, num_rounds=1, timeout=60, train_config=client_config(rc))
     rec = strategy.history[0]

@@ -14,7 +14,7 @@ from flowerdro.core.affine import shift_norms
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.strategies import build_strategy, initial_arrays
 from flowerdro.strategies.fedrobust import QUERY_AFFINE_STATE, TRAIN_FEDROBUST, FedRobust
-from flowerdro.strategies.messaging import DeterministicClientError
+from flowerdro.strategies.replies import DeterministicClientError
 
 ROBUST = {"adv-lr": 0.05, "affine-lambda": 0.01}
 

@@ -56,7 +56,7 @@ def test_node_to_partition_learned_from_replies(synth_rc):
     grid = _grid(synth_rc, n=5)
     strategy = build_strategy("fedavg", synth_rc)
     _start(strategy, grid, synth_rc, rounds=1)
-    assert strategy.comm.node_to_partition == grid.partition_of_node
+    assert strategy.comm.roster.node_to_partition == grid.partition_of_node
     assert sorted(strategy.client_metrics) == list(range(5))
 
 

@@ -13,7 +13,7 @@ from flowerdro.clients import handlers
 from flowerdro.comparison import client_config
 from flowerdro.experiments import Fault, InProcessGrid
 from flowerdro.strategies import RunFailedError, build_strategy, initial_arrays
-from flowerdro.strategies.messaging import DeterministicClientError
+from flowerdro.strategies.replies import DeterministicClientError
 
 
 def _run(name: str, rc: dict, grid: InProcessGrid, rounds: int = 3):
@@ -41,7 +41,7 @@ def test_clients_without_the_route_fail_the_run_in_the_first_round_naming_it(syn
         strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=10, timeout=60,
                        train_config=client_config(synth_rc))
     # every client lacks the route alike: a programming error, so the run stops in round 1, not round 3
-    assert strategy._round == 1 and not strategy.history
+    assert strategy.round.number == 1 and not strategy.history
     assert route in str(err.value) and "add_routes" in str(err.value)
     # the client's error text is logged in full once, the other clients' drops refer to it
     full = [r for r in caplog.records if "registered with name" in r.getMessage()]
@@ -218,7 +218,7 @@ def test_a_second_node_for_a_live_partition_and_one_out_of_range_are_refused_by_
         assert f"partition 0 is served by node {grid.node_ids[0]}" in rec["refused"]["777"]
         assert "outside 0..2" in rec["refused"]["888"]
         assert sorted(rec["client_acc"]) == ["0", "1", "2"] and rec["missing"] == {}
-    assert strategy.comm.node_to_partition[grid.node_ids[0]] == 0  # partition 0 never moved
+    assert strategy.comm.roster.node_to_partition[grid.node_ids[0]] == 0  # partition 0 never moved
     assert not any("moved from node" in r.getMessage() for r in caplog.records)
     # the refused nodes got nothing but the roll call
     refused_calls = {nid: grid.seconds_per_node.get(nid, 0.0) for nid in (777, 888)}
@@ -238,7 +238,7 @@ def test_a_refused_second_node_takes_the_partition_when_its_holder_leaves(synth_
     strategy.add_round_callback(leave_after_round_one)
     strategy.start(grid, init, num_rounds=3, timeout=60)
     assert "777" in strategy.history[0]["refused"]
-    assert "refused" not in strategy.history[2] and strategy.comm.node_to_partition[777] == 1
+    assert "refused" not in strategy.history[2] and strategy.comm.roster.node_to_partition[777] == 1
     assert sorted(strategy.history[2]["client_acc"]) == ["0", "1", "2"]
 
 

@@ -91,7 +91,7 @@ def test_secagg_plus_fedavg_through_run_simulation_equals_the_run_without_it():
     run_simulation(server_app=server, client_app=client, num_supernodes=4,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     secure = held[0]
-    assert any(type(c).__name__ == "SecAggPlusWorkflow" for c in secure.strategy.callers)
+    assert any(type(c).__name__ == "SecAggPlusWorkflow" for c in secure.strategy.guard.drivers)
     assert len(secure.history) == 2 and not any(r["failures"] for r in secure.history)
 
     # the same run without SecAgg+, in-process (the legacy Server and the same client app)
@@ -348,7 +348,7 @@ def test_the_first_round_logs_the_data_each_client_holds(synth_rc, caplog):
         strategy.start(grid, initial_arrays(grid, synth_rc, 60), num_rounds=2, timeout=60)
     lines = [r.getMessage() for r in caplog.records if "data: train examples" in r.getMessage()]
     assert len(lines) == 1  # once, after the first round
-    sizes = strategy.data_sizes["train"]
+    sizes = strategy.data_sizes.by_phase["train"]
     assert f"min {min(sizes.values())}" in lines[0] and f"max {max(sizes.values())}" in lines[0]
     median = float(np.median(list(sizes.values())))
     assert f"median {median:g}" in lines[0] and "over 3 partitions" in lines[0]

@@ -4,7 +4,7 @@ One parametrised test runs each registered strategy under each of Flower's piece
 Message API and on the legacy API, with the example projects' own models and data
 (examples/): the four central-DP wrappers (server- and client-side, fixed and adaptive
 clipping), ``LocalDpMod`` on the clients, and SecAgg+ (legacy API). It accepts exactly two
-outcomes, and which one must happen is what :func:`flowerdro.privacy.composes` declares
+outcomes, and which one must happen is what :func:`flowerdro.strategies.registry.composes` declares
 (so the docs' table, generated from the same declaration, cannot drift from what runs):
 
 (a) the run goes on: the algorithm's own message types were sent, the wrapper's
@@ -36,9 +36,9 @@ from flwr.serverapp import strategy as msg_dp
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from flowerdro.experiments import InProcessGrid
-from flowerdro.privacy import CENTRAL_DP, LOCAL_DP, SECAGG, PrivacyError, composes
+from flowerdro.privacy import CENTRAL_DP, LOCAL_DP, SECAGG, PrivacyError
 from flowerdro.strategies import build_strategy, initial_arrays, strategy_names
-from flowerdro.strategies.registry import ALGORITHMS
+from flowerdro.strategies.registry import ALGORITHMS, composes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROUNDS, NODES, C = 2, 4, 0.05

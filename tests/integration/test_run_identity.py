@@ -54,24 +54,24 @@ def cut_run(tmp_path_factory):
     """A DRFA run cut after round 2 (its records and checkpoints of rounds 1 and 2 on disk), kept as a template."""
     from _pytest.monkeypatch import MonkeyPatch
 
-    from flowerdro.strategies.base import FairStrategy
+    from flowerdro.strategies.observers import Observers
 
     root = tmp_path_factory.mktemp("cut")
     mp = MonkeyPatch()
-    original = FairStrategy._notify
+    original = Observers.notify
 
     class Crash(Exception):
         pass
 
-    def crashing(self, event, *args):
-        original(self, event, *args)
+    def crashing(self, strategy, event, *args):
+        original(self, strategy, event, *args)
         if event == "on_round" and args[0]["round"] == 2:
             raise Crash
 
     import flowerdro.plots
 
     mp.setattr(flowerdro.plots, "plot_comparison", lambda *a, **k: None)
-    mp.setattr(FairStrategy, "_notify", crashing)
+    mp.setattr(Observers, "notify", crashing)
     try:
         with pytest.raises(Crash):
             run(_experiment(root), verbose=False)

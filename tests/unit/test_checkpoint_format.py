@@ -15,7 +15,7 @@ import flowerdro.strategies  # noqa: F401  # registers the algorithms' state cla
 from flowerdro.runs.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flowerdro.runs.codec import CodecError, decode, encode, register_state
 from flowerdro.strategies.drfa import DRFAState
-from flowerdro.strategies.messaging import Failure
+from flowerdro.strategies.replies import Failure
 from flowerdro.strategies.scaffpd import SCAFFPDState
 
 

@@ -45,11 +45,11 @@ def test_an_unavailable_node_is_one_node_gone_failure_of_its_own_partition():
     grid = _SuperLinkGrid()
     comm = Communicator("t")
     for nid in grid.node_ids:
-        comm.learn(nid, nid - 11)
+        comm.roster.learn(nid, nid - 11)
     comm.begin_round(3)
     msgs = Communicator.build_messages(grid.node_ids, RecordDict(), "query.loss")
     valid = comm.send(grid, msgs, phase="query")
     # the valid replies come back in message order; the SuperLink's error is node 12's
     assert [int(r.metadata.src_node_id) for r in valid] == [11, 13]
-    assert [(f.round, f.node_id, f.partition_id, f.kind) for f in comm.failures] == [(3, 12, 1, "node gone")]
-    assert "Node Unavailable" in comm.failures[0].reason
+    assert [(f.round, f.node_id, f.partition_id, f.kind) for f in comm.log.failures] == [(3, 12, 1, "node gone")]
+    assert "Node Unavailable" in comm.log.failures[0].reason

@@ -26,7 +26,7 @@ class _ReversedGrid(InProcessGrid):
 def _run(grid: InProcessGrid, rc: dict, name: str, chunk: int) -> tuple[list[dict], list[np.ndarray]]:
     strategy = build_strategy(name, rc)
     strategy.stream_chunk = chunk
-    strategy.comm.pull_interval = 0.001
+    strategy.comm.transport.pull_interval = 0.001
     res = strategy.start(grid, initial_arrays(grid, rc, 60), num_rounds=3, timeout=60, train_config=client_config(rc))
     records = [{k: v for k, v in r.items() if k not in ("time_s", "server_step_s")} for r in strategy.history]
     return records, [res.arrays[k].numpy() for k in res.arrays.keys()]

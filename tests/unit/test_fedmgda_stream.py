@@ -244,7 +244,7 @@ def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
                 [(6, "nan-metric")]]
     grid = PullScriptGrid(8, schedule, unpushable=[8])
     s = FairStrategy()
-    s.comm.timeout, s.comm.pull_interval = 0.4, 0.01
+    s.comm.transport.timeout, s.comm.transport.pull_interval = 0.4, 0.01
     batches: list[list[int]] = []
     # Execute
     t0 = time.monotonic()
@@ -261,15 +261,15 @@ def test_communicate_stream_hands_over_each_pull_and_drops_bad_replies():
     assert all(f.phase == "train" for f in s.failures)
     assert 0.4 <= waited < 3.0  # waited for node 7 until the round timeout, not longer
     # as in communicate: every message counts as sent, every reply that is not an error as received
-    assert s.comm.bytes_sent == 8 * record_bytes(_messages(grid)[0].content)
+    assert s.comm.transport.traffic.bytes_sent == 8 * record_bytes(_messages(grid)[0].content)
     received = [_arrays(1.0), _arrays(3.0), _arrays(np.nan), _arrays(1.0, 4), _arrays(6.0)]
-    assert s.comm.bytes_received == sum(record_bytes(RecordDict({"a": a})) for a in received)
+    assert s.comm.transport.traffic.bytes_received == sum(record_bytes(RecordDict({"a": a})) for a in received)
 
 
 def test_communicate_stream_stops_pulling_when_everyone_answered():
     grid = PullScriptGrid(3, [[(2, "ok")], [(1, "ok"), (3, "ok")], [(1, "again")]])
     s = FairStrategy()
-    s.comm.pull_interval = 0.01
+    s.comm.transport.pull_interval = 0.01
     batches = []
     valid = s.communicate_stream(grid, _messages(grid), batches.append, phase="train")
     assert [len(b) for b in batches] == [1, 2] and len(valid) == 3
@@ -302,7 +302,7 @@ def test_fedmgda_streamed_round_on_scripted_grid_equals_batch_aggregation():
     schedule = [[(2, "ok")], [(3, "error")], [(1, "ok")], [(4, "ok")]]
     grid = PullScriptGrid(4, schedule)
     s = FedMGDA(eps=0.5, global_lr=0.4)
-    s.comm.pull_interval = 0.01
+    s.comm.transport.pull_interval = 0.01
     arrays = ArrayRecord({"w": Array(np.array([0.0, 0.0, 1.0]))})
     # Execute
     new, metrics = s.train_round(1, grid, arrays, ConfigRecord({"lr": 0.1}))
