@@ -51,8 +51,11 @@ from flwr.serverapp import Grid
 #: Run ids of the grids made in this process (each grid is one run unless told otherwise).
 _RUN_IDS = count(1)
 
-#: Real seconds a call waits for the calls ahead of it in :meth:`InProcessGrid.run_in_order`'s order.
-ORDER_WAIT = 10.0
+#: Real seconds a call waits for the calls ahead of it in :meth:`InProcessGrid.run_in_order`'s order
+#: before passing them over. A guard against a call that never comes (a deadlock), not a
+#: schedule: a thread of Flower's pool that a loaded host starts late must still get its
+#: turn, or the run's result would depend on the host's speed.
+ORDER_WAIT = 600.0
 
 FAULT_MODES = ("raise", "timeout", "slow", "nan", "nan-metric", "shape", "float64", "extra-metric",
                "missing-record")
