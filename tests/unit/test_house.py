@@ -7,10 +7,12 @@ is imported), which prints the same figures: ``python scripts/house.py``.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "house.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "house.py"
 
 
 def _house():
@@ -33,6 +35,16 @@ def test_every_import_runs_down_the_layers():
     modules = house.read_package()
     assert house.unlayered(modules) == []
     assert house.upward(modules) == []
+
+
+def test_the_architecture_docs_layer_table_is_the_one_measured():
+    """docs/architecture.md's table of layers names the rooms of :data:`LAYERS`, layer by layer."""
+    house = _house()
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", text, flags=re.MULTILINE)
+    table = tuple(tuple(re.findall(r"`([a-z_]+)(?:/|\.py)`", rooms)) for _, rooms in rows)
+    assert [int(n) for n, _ in rows] == list(range(1, len(house.LAYERS) + 1))
+    assert table == house.LAYERS
 
 
 def test_classes_and_modules_stay_small():
