@@ -115,7 +115,7 @@ class ServerEvaluation:
         log(INFO, "[%s] initial global evaluation: %s", self.run_name, res)
 
     def after(self, server_round: int, arrays: ArrayRecord) -> None:
-        """Evaluate the model after round ``server_round``."""
+        """Evaluate ``arrays``, the model the strategy evaluates after round ``server_round``."""
         if self.fn is not None and (res := self.fn(server_round, arrays)) is not None:
             self.result.evaluate_metrics_serverapp[server_round] = res
 
@@ -127,9 +127,10 @@ def run_rounds(strategy: Any, grid: Grid, arrays: ArrayRecord, rounds: range, tr
     Each round: :meth:`train_round` (``configure_train``, the replies, ``aggregate_train``)
     with a copy of ``train_config``, :meth:`evaluate_round` (``configure_evaluate``, the
     replies, ``aggregate_evaluate``, which closes the round) with a copy of
-    ``evaluate_config``, then ``evaluation.after``; the metrics go into
-    ``evaluation.result``. Ends early after the round an observer stopped the run in, or
-    before a round the DP wrapper's accountant refuses (:func:`end_at_privacy_budget`).
+    ``evaluate_config``, then, when there is an ``evaluate_fn``, ``evaluation.after`` on
+    :meth:`evaluation_arrays`; the metrics go into ``evaluation.result``. Ends early after
+    the round an observer stopped the run in, or before a round the DP wrapper's
+    accountant refuses (:func:`end_at_privacy_budget`).
 
     Returns
     -------
@@ -150,7 +151,8 @@ def run_rounds(strategy: Any, grid: Grid, arrays: ArrayRecord, rounds: range, tr
         eval_metrics = strategy.evaluate_round(rnd, grid, arrays, ConfigRecord(dict(evaluate_config)))
         if eval_metrics is not None:
             result.evaluate_metrics_clientapp[rnd] = eval_metrics
-        evaluation.after(rnd, strategy.evaluation_arrays(arrays))
+        if evaluation.fn is not None:  # the model the strategy evaluates (DRFA's average: work) only when asked
+            evaluation.after(rnd, strategy.evaluation_arrays(arrays))
         if strategy.run_state.stopped:
             return strategy.current_arrays if strategy.current_arrays is not None else arrays
     return arrays
