@@ -223,7 +223,7 @@ def _run_all(result: Comparison, built: Sequence[tuple[Plan, FairStrategy]], sta
         grid = grid_for(plan)
         init = initial_arrays(grid, plan.run_config, timeout)
         if isinstance(begin, dict) and (writer := _writer(strategy)) is not None:
-            writer.check_model(begin, init)  # the checkpoint's model is the clients' (names, shapes, dtypes)
+            writer.checkpoints.check_model(begin, init)  # the checkpoint's model is the clients' (names, shapes, dtypes)
         # Libraries and data sets are loaded now and live for the whole run. Flower forces
         # gc.collect() in ArrayRecord.to_numpy_ndarrays(keep_input=False) (q-FedAvg calls it
         # per reply); without freezing, each collection walks this large heap.
@@ -289,7 +289,7 @@ def _write(result: Comparison, out_dir: Path, config: Mapping[str, Any] | None) 
         "the comparison's summary")
     write_text(out_dir / "table.md", result.table + "\n", "the comparison's table")
     try:
-        from flowerdro.plots import plot_comparison
+        from flowerdro.runs.plots import plot_comparison
 
         plot_comparison(result.histories, out_dir / "comparison.png", title=result.name)
     except Exception as exc:  # noqa: BLE001  # a figure never fails a run

@@ -37,7 +37,7 @@ from flwr.common import (
 )
 from flwr.compat.common import recorddict_compat as compat
 
-from flowerdro.clients.errors import error_reply
+from flowerdro.client_errors import error_reply
 from flowerdro.protocol import NUM_EXAMPLES
 
 __all__ = ["FromLegacy", "fitres_to_content", "flowerdro_ins", "ins_to_content", "message_to_ins",

@@ -11,8 +11,9 @@ What counts as an import: every ``import`` / ``from ... import`` statement of a 
 inside functions included, except those under ``if TYPE_CHECKING:`` (annotations only)
 and those of a package's ``__init__.py`` (its re-exports). A name taken from a package
 (``from flowerdro.strategies import build_strategy``) counts as an import of the module
-that defines it, found through the package's re-exports. The exit code is 1 when a
-limit of :func:`main` is broken (``--check``).
+that defines it, found through the package's re-exports. With ``--check`` the exit code
+is 1 when anything is reported as wrong (a circle, an upward import, a room in no layer,
+a class or module over the limits), else 0.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ PACKAGE = "flowerdro"
 #: The layers of the package, lowest first: a module may import its own layer and those below.
 #: Each entry names top-level rooms (a folder or a module directly under ``flowerdro/``).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("core", "settings", "buffers", "plots"),
-    ("protocol", "data", "models"),
-    ("runs", "wrappers", "privacy", "legacy_wire"),
+    ("core", "settings", "buffers"),
+    ("protocol", "client_errors", "data", "models"),
+    ("runs", "validation", "wrappers", "privacy", "legacy_wire"),
     ("clients", "deploy"),
     ("strategies",),
     ("legacy", "trackers"),
@@ -227,6 +228,8 @@ def unlayered(modules: dict[str, Module]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=8, help="how many of the largest classes and modules to list")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a circle, an upward import, a room in no "
+                                                         "layer or a size over the limits is reported")
     args = ap.parse_args()
     modules = read_package()
     classes = sorted(((n, f"{m.name}.{c}") for m in modules.values() for c, n in m.classes.items()), reverse=True)
@@ -252,7 +255,8 @@ def main() -> int:
     print(f"over the limits ({MAX_CLASS_LINES} lines a class, {MAX_MODULE_LINES} a module): {len(over)}")
     for line in over:
         print("  " + line)
-    return 0
+    broken = bool(module_circles or room_circles or up or missing or over)
+    return 1 if args.check and broken else 0
 
 
 if __name__ == "__main__":

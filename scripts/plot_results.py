@@ -40,7 +40,7 @@ def main() -> None:  # noqa: D103
     args = ap.parse_args()
     root = Path(args.root)
     runs = load(root)
-    from flowerdro.plots import plot_history
+    from flowerdro.runs.plots import plot_history
 
     plot_history(runs, args.out, title=args.title or root.name, smooth=args.smooth)
     if args.local_iterations:

@@ -34,7 +34,7 @@ The page marks what this script owns with two kinds of blocks:
     and kept, after the generated rows.
 
 ``<!-- figure:EXPERIMENT [rows=...] -->`` ``![caption](figures/NAME.png)`` ``<!-- /figure -->``
-    The image the block links is redrawn with :func:`flowerdro.plots.plot_comparison` from
+    The image the block links is redrawn with :func:`flowerdro.runs.plots.plot_comparison` from
     every ``results/EXPERIMENT/<label>/seed<k>/rounds.jsonl`` (all seeds of a label
     together). ``--check`` draws it to a temporary file and compares the bytes. Options:
     ``source=robustness sweep=affine_delta`` (or ``affine_lambda``, ``pgd``) draws that sweep
@@ -232,7 +232,7 @@ def _per_seed_table(values: Mapping[str, Sequence[Mapping[str, float]]], labels:
 def _figure(exp_dir: Path, opts: Mapping[str, str], name: str, path: Path) -> bool:
     """Draw the figure of an experiment to ``path``; False when it has no runs.
 
-    By default the comparison figure (:func:`flowerdro.plots.plot_comparison`) of every
+    By default the comparison figure (:func:`flowerdro.runs.plots.plot_comparison`) of every
     run; ``source=robustness sweep=KEY`` draws one sweep of ``robustness.json`` as
     ``scripts/repro_fedrobust.py`` does; ``source=scaling`` draws the honest and attacked
     runs as ``scripts/repro_fedmgda.py report`` does.
@@ -250,7 +250,7 @@ def _figure(exp_dir: Path, opts: Mapping[str, str], name: str, path: Path) -> bo
         from repro_fedmgda import scaling_report
 
         return scaling_report(name, path=path, results=exp_dir.parent)
-    from flowerdro.plots import plot_comparison
+    from flowerdro.runs.plots import plot_comparison
 
     runs = _in_config_order(exp_dir, load_comparison(exp_dir) if exp_dir.is_dir() else {})
     if not runs:

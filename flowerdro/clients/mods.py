@@ -7,8 +7,8 @@ error (an evaluate or query reply carries no model), so flowerdro applies them t
 training routes only and every other mod to every route. A ``query.init`` reply says
 which mods the client runs (a ``client`` ConfigRecord), so the server can refuse, before
 any training message, a strategy that those mods cannot protect (:mod:`flowerdro.privacy`).
-Outside all of them, :func:`~flowerdro.clients.errors.reply_errors` turns an exception of
-a route (or of a mod) into an error reply that carries it once (:mod:`flowerdro.clients.errors`).
+Outside all of them, :func:`~flowerdro.client_errors.reply_errors` turns an exception of
+a route (or of a mod) into an error reply that carries it once (:mod:`flowerdro.client_errors`).
 
 When the server's strategy is wrapped in Flower's client-side clipping wrapper, its training
 messages carry the clipping norm; a training route without a clipping mod of its own then
@@ -23,7 +23,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message
 
-from flowerdro.clients.errors import reply_errors
+from flowerdro.client_errors import reply_errors
 from flowerdro.protocol import CLIENT_RECORD, CLIPPING_KEY
 
 __all__ = ["CLIPPING_KEY", "ModChain", "UPDATE_MODS", "clip_as_asked", "is_update_mod", "mod_name"]
@@ -93,7 +93,7 @@ class ModChain:
         self.other = [m for m in self.mods if not is_update_mod(m)]
 
     def for_type(self, message_type: str) -> list[Any]:
-        """The mods of a route of ``message_type``, inside :func:`~flowerdro.clients.errors.reply_errors`."""
+        """The mods of a route of ``message_type``, inside :func:`~flowerdro.client_errors.reply_errors`."""
         training = message_type == "train" or message_type.startswith("train.")
         return [reply_errors, *(self.training if training else self.other)]
 

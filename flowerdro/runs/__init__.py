@@ -1,8 +1,11 @@
 """Run folders: their files, lock, identity, checkpoints (with their optional key) and what a finished run
-left (records, tables).
+left (records, tables, figures).
 
 Below the strategies: a strategy's :class:`~flowerdro.runs.output.RunWriter` writes its
-folder, and everything here reads or writes files without knowing the algorithms.
+folder (its :class:`~flowerdro.runs.store.CheckpointStore` the checkpoints), and
+everything here reads or writes files without knowing the algorithms; what only the
+registry knows (the run-config keys flowerdro declares, the settings that shape a
+result) is handed to :func:`~flowerdro.runs.identity.run_identity`.
 """
 
 from flowerdro.runs.report import comparison_table, final_summary, first_round_reaching

@@ -31,8 +31,8 @@ from flwr.app import ArrayRecord
 
 from flowerdro.buffers import to_array
 
-__all__ = ["RunFileError", "append_text", "arrays_from_bytes", "load_arrays", "read_own", "refuse_links", "save_arrays", "save_figure", "write_atomic",
-           "write_text"]
+__all__ = ["RunFileError", "append_text", "arrays_from_bytes", "load_arrays", "read_own", "refuse_links", "remove_file",
+           "save_arrays", "save_figure", "write_atomic", "write_text"]
 
 # The process's umask, read once: mkstemp creates files readable by their owner only, and
 # a run's files get the permissions a plain open() would give them. (umask can only be
@@ -100,6 +100,20 @@ def write_text(path: str | Path, text: str, what: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` with :func:`write_atomic`."""
     data = text.encode()
     return write_atomic(path, lambda fh: fh.write(data), what)
+
+
+def remove_file(path: str | Path, what: str) -> None:
+    """Remove ``path`` (nothing when absent; a link is removed, not its target).
+
+    Raises
+    ------
+    RunFileError
+        The file could not be removed (``could not remove <what> <path>: ...``).
+    """
+    try:
+        Path(path).unlink(missing_ok=True)
+    except OSError as exc:
+        raise RunFileError(what, path, exc, action="remove") from exc
 
 
 def save_figure(fig: Any, path: str | Path, *, dpi: int = 110, what: str = "figure") -> Path:

@@ -14,6 +14,10 @@
   its value (the value itself is not written: it may be a path or a secret);
 * ``flowerdro-version`` and ``flwr-version``.
 
+Which run-config keys flowerdro knows, and which settings classes beyond the data's and the
+nodes' shape a result, are the registry's knowledge (it sits above the run folders):
+:func:`~flowerdro.strategies.registry.strategy_identity` hands them to :func:`run_identity`.
+
 What a run's *plan* or *operation* is, not its result, is left out: ``num-rounds`` (its
 own rule, :func:`~flowerdro.runs.output.check_plan`), ``output-dir``, ``resume``,
 ``overwrite``, ``extend``, ``round-timeout``, the trackers and observers,
@@ -39,9 +43,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
+
+from flowerdro.runs.records import json_default
+from flowerdro.settings import Settings, read_settings
 
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
@@ -99,8 +106,6 @@ def versions() -> dict[str, str]:
 
 def _jsonable(value: Any) -> Any:
     """``value`` as JSON gives it back (tuples as lists, numpy numbers as Python numbers)."""
-    from flowerdro.runs.output import json_default
-
     return json.loads(json.dumps(value, default=json_default))
 
 
@@ -120,7 +125,8 @@ def own_key_digest(value: Any) -> str:
 
 
 def run_identity(strategy: FairStrategy, run_config: Mapping[str, Any] | None = None, *,
-                 algorithm: str | None = None) -> dict[str, Any]:
+                 algorithm: str | None = None, known_keys: Collection[str] | None = None,
+                 settings_classes: Sequence[type[Settings]] = ()) -> dict[str, Any]:
     """Everything that shapes ``strategy``'s run, as ``{run-config key: value}`` (module docstring).
 
     Parameters
@@ -128,40 +134,47 @@ def run_identity(strategy: FairStrategy, run_config: Mapping[str, Any] | None = 
     strategy : FairStrategy
         The run's strategy (its ``config``, ``loop``, ``training`` and ``attack``).
     run_config : Mapping, optional
-        The run config the strategy was built from: adds the data, the model, central DP
-        and the project's own keys. Without it (a strategy built in Python and given a
-        :class:`~flowerdro.runs.output.RunWriter` by hand) the identity holds what the
-        strategy knows.
+        The run config the strategy was built from: adds the data, the model, the values
+        of ``settings_classes`` and the project's own keys. Without it (a strategy built in
+        Python and given a :class:`~flowerdro.runs.output.RunWriter` by hand) the identity
+        holds what the strategy knows.
     algorithm : str, optional
         The registered name the strategy was built under (``afl`` is a DRFA); default:
         the strategy's ``name``.
+    known_keys : collection of str, optional
+        Every run-config key a flowerdro settings class declares; any other key of
+        ``run_config`` is the project's own (``own:<key>``). Required with ``run_config``.
+    settings_classes : sequence of Settings subclasses
+        Settings read from ``run_config`` whose values shape the result besides the data's
+        and the nodes' (central DP's :class:`~flowerdro.privacy.PrivacySettings`).
 
     Raises
     ------
     ValueError
         A value of the run config that its settings class refuses (naming the key).
+    TypeError
+        ``run_config`` without ``known_keys``.
     """
     out: dict[str, Any] = {"strategy": algorithm or strategy.name}
     for obj in (strategy.config, strategy.loop, strategy.training):
         out.update({k: v for k, v in _settings_items(obj).items() if k not in LEFT_OUT})
     attack = {k.replace("_", "-"): v for k, v in getattr(strategy, "attack", {}).items()}
     if run_config is not None:
+        if known_keys is None:
+            raise TypeError("run_identity: known_keys is required with a run config (without it every key would "
+                            "count as the project's own); strategies.registry.strategy_identity passes it")
         from flowerdro.protocol import NodeSettings
-        from flowerdro.settings import read_settings
-        from flowerdro.strategies.registry import known_keys, settings_groups
         from flowerdro.validation import data_config
 
-        groups = settings_groups()
         data = data_config(run_config)
         extra = _settings_items(data)
         extra["num-partitions"] = run_config.get("num-partitions") if run_config.get("num-partitions") != "" else None
         extra.update(_settings_items(read_settings(NodeSettings, run_config)))
-        for cls in groups["privacy"]:
+        for cls in settings_classes:
             extra.update(_settings_items(read_settings(cls, run_config)))
         for key, value in extra.items():
             out.setdefault(key, value)
-        known = known_keys()
-        for key in sorted(k for k in run_config if k not in known):
+        for key in sorted(k for k in run_config if k not in known_keys):
             out[OWN + str(key)] = own_key_digest(run_config[key])
     else:
         out.update({k: v for k, v in attack.items() if k not in out})

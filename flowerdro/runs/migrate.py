@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from flowerdro.runs.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+from flowerdro.runs.integrity import run_key
 from flowerdro.runs.lock import FolderLock
-from flowerdro.runs.output import RunWriter
+from flowerdro.runs.output import folder_settings
+from flowerdro.runs.store import CheckpointStore
 
 __all__ = ["main", "migrate_folder"]
 
@@ -47,15 +49,15 @@ def migrate_folder(folder: str | Path, *, keep: bool = False) -> list[Path]:
     folder = Path(folder)
     written: list[Path] = []
     with FolderLock(folder):
-        writer = RunWriter(folder)
-        identity = writer._settings().get("identity")  # noqa: SLF001  # the folder's own record
-        for rnd, path in writer.pickled_checkpoints():
+        key = run_key(folder)
+        identity = folder_settings(folder).get("identity")  # the folder's own record
+        for rnd, path in CheckpointStore(folder, key=key).pickled():
             with path.open("rb") as fh:
                 state = pickle.load(fh)  # noqa: S301  # the user's own checkpoint, converted on request
             if not isinstance(state, dict) or state.get("round") != rnd:
                 raise ValueError(f"{path}: does not hold the checkpoint of round {rnd}")
-            target = save_checkpoint(folder / checkpoint_name(rnd), state, identity=identity, key=writer.key)
-            if not _same(load_checkpoint(target, key=writer.key), state):
+            target = save_checkpoint(folder / checkpoint_name(rnd), state, identity=identity, key=key)
+            if not _same(load_checkpoint(target, key=key), state):
                 target.unlink()
                 raise ValueError(f"{path}: its .npz conversion does not read back equal; left as it is")
             if not keep:

@@ -6,7 +6,8 @@ writes, under its folder: ``settings.json`` at the start (the settings, the plan
 per round in ``rounds.jsonl``, a checkpoint of the whole server state every
 ``checkpoint-every`` rounds (``checkpoint_roundNNNN.npz``, the format of
 :mod:`flowerdro.runs.checkpoint`, with the identity in its header; the latest two are
-kept), and at the end ``final_model.npz``, ``progress.png`` and, under a key
+kept; its :class:`~flowerdro.runs.store.CheckpointStore` finds, checks and saves them),
+and at the end ``final_model.npz``, ``progress.png`` and, under a key
 (:mod:`flowerdro.runs.integrity`), ``signature.json``. A strategy without a writer
 writes nothing.
 
@@ -41,7 +42,6 @@ Rules of the folder:
 from __future__ import annotations
 
 import json
-import re
 from logging import WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,19 +50,11 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common import log
 
-from flowerdro.runs.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    check_model_arrays,
-    checkpoint_name,
-    read_checkpoint,
-    save_checkpoint,
-)
 from flowerdro.runs.files import (
-    RunFileError,
     append_text,
     arrays_from_bytes,
     read_own,
+    remove_file,
     save_arrays,
     write_atomic,
     write_text,
@@ -75,68 +67,13 @@ from flowerdro.runs.identity import (
 )
 from flowerdro.runs.integrity import IntegrityError, RunKey, check_signature, run_key, sign_files
 from flowerdro.runs.lock import FolderLock
+from flowerdro.runs.records import expand_record, json_default, record_line
+from flowerdro.runs.store import CheckpointStore
 
 if TYPE_CHECKING:
     from flowerdro.strategies.base import FairStrategy
 
-__all__ = ["COMPACT_MIN", "FROM_ENVIRONMENT", "PLAN_KEYS", "SIGNED_FILES", "RunWriter", "check_plan", "compact_record", "expand_record", "json_default",
-           "record_line"]
-
-
-def json_default(obj: Any) -> Any:
-    """JSON for numpy scalars and arrays (and ``str`` for anything else)."""
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
-
-
-#: A per-client mapping of at least this many entries is written as a compact array.
-COMPACT_MIN = 1000
-_IDS, _VALUES = "__client_ids__", "__client_values__"
-
-
-def compact_record(record: dict[str, Any], min_entries: int = COMPACT_MIN) -> dict[str, Any]:
-    """``record`` with each large per-client mapping ``{"<id>": number}`` as two arrays.
-
-    A top-level value that maps at least ``min_entries`` integer strings to numbers (λ over
-    10,000 clients, per-client accuracies) becomes ``{"__client_ids__": ids, "__client_values__":
-    values}``, with ``ids = [start, stop]`` when the ids are ``start, …, stop − 1`` in order
-    (the usual case), else the list of ids. :func:`expand_record` gives the mapping back.
-    """
-    out = {}
-    for key, value in record.items():
-        if (isinstance(value, dict) and len(value) >= min_entries
-                and all(isinstance(k, str) and k.lstrip("-").isdigit() for k in value)
-                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value.values())):
-            ids = [int(k) for k in value]
-            dense = ids == list(range(ids[0], ids[0] + len(ids)))
-            out[key] = {_IDS: [ids[0], ids[0] + len(ids)] if dense else ids, _VALUES: list(value.values())}
-        else:
-            out[key] = value
-    return out
-
-
-def expand_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`compact_record` (records without compact arrays come back unchanged)."""
-    out = {}
-    for key, value in record.items():
-        if isinstance(value, dict) and _IDS in value and _VALUES in value:
-            ids, values = value[_IDS], value[_VALUES]
-            if len(ids) == 2 and len(values) != 2:
-                ids = range(ids[0], ids[1])
-            out[key] = {str(i): v for i, v in zip(ids, values, strict=True)}
-        else:
-            out[key] = value
-    return out
-
-
-def record_line(record: dict[str, Any]) -> str:
-    """One ``rounds.jsonl`` line: the compact record as JSON."""
-    return json.dumps(compact_record(record), default=json_default) + "\n"
+__all__ = ["FROM_ENVIRONMENT", "PLAN_KEYS", "SIGNED_FILES", "RunWriter", "check_plan", "folder_settings"]
 
 
 #: Keys of ``settings.json`` that describe the plan, not the run's identity: a resumed or
@@ -185,6 +122,68 @@ def check_plan(num_rounds: int, done: int, planned: int | None, *, extend: bool,
                          f"num-rounds = {planned}")
 
 
+def folder_settings(folder: str | Path) -> dict[str, Any]:
+    """The ``settings.json`` of the run folder ``folder`` (empty when absent), read without following a link.
+
+    Raises
+    ------
+    ValueError
+        It is not valid JSON, or holds no settings object (naming the file).
+    flowerdro.runs.files.RunFileError
+        It is a planted link.
+    """
+    path = Path(folder) / "settings.json"
+    if not path.is_file() and not path.is_symlink():
+        return {}
+    return parse_settings(read_own(path, "settings"), path)
+
+
+def parse_settings(data: bytes, path: Path) -> dict[str, Any]:
+    """The settings object a run folder's ``settings.json`` at ``path`` holds, from its bytes ``data``.
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not valid JSON, or holds no settings object (naming ``path``).
+    """
+    try:
+        settings = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"output-dir: {path} is not valid JSON ({exc}); repair or remove it, or set "
+                         "overwrite = true") from exc
+    if not isinstance(settings, dict):
+        raise ValueError(f"output-dir: {path} does not hold a settings object; repair or remove it")
+    return settings
+
+
+def refuse_other_run(folder: Path, old: dict[str, Any], settings: dict[str, Any], identity: dict[str, Any], *,
+                     resume: bool) -> None:
+    """Refuse to start a run in ``folder`` whose recorded settings ``old`` are another run's.
+
+    The folder's run is another one when its recorded identity differs from ``identity``
+    in a key that shapes the result; a folder of an older flowerdro (no identity) is
+    compared by its flat settings with ``settings``, the plan (:data:`PLAN_KEYS`) aside.
+
+    Raises
+    ------
+    ValueError
+        Naming the keys that differ (with both values when the folder records an identity).
+    """
+    hint = ", or resume = true only for the same run" if resume else ""
+    if "identity" in old:
+        refused, _ = compare_identities(old["identity"], identity)
+        if refused:
+            raise ValueError(
+                f"output-dir: {folder} holds another run (settings differ in "
+                f"{', '.join(d.key for d in refused)}):\n" + describe_differences(refused, "there", "now")
+                + "\nChoose another output-dir, or set overwrite = true to replace it" + hint)
+        return
+    diff = sorted(k for k in (set(old) | set(settings)) - set(PLAN_KEYS) if old.get(k) != settings.get(k))
+    if diff:
+        raise ValueError(f"output-dir: {folder} holds another run (settings differ in {', '.join(diff[:5])}); "
+                         "choose another output-dir, or set overwrite = true to replace it" + hint)
+
+
 class RunWriter:
     """Writes a strategy's settings, round records, checkpoints, final model and plot.
 
@@ -206,9 +205,10 @@ class RunWriter:
     run_id : int, optional
         The Flower run id, written into the folder lock's holder file.
     identity : dict, optional
-        The run's identity (:func:`~flowerdro.runs.identity.run_identity` of the strategy
-        and its run config; :func:`~flowerdro.strategies.registry.build_strategy` passes
-        it). Unset: the strategy's part of it, taken when the run starts.
+        The run's identity (:func:`~flowerdro.strategies.registry.strategy_identity` of the
+        strategy and its run config, which :func:`~flowerdro.strategies.registry.build_strategy`
+        passes). Unset: the strategy's part of it (:func:`~flowerdro.runs.identity.run_identity`
+        without a run config), taken when the run starts.
     key : RunKey or None, optional
         The key of the HMACs (:mod:`flowerdro.runs.integrity`); default: the one the
         environment gives, None for none.
@@ -219,8 +219,6 @@ class RunWriter:
         ``extend`` without ``resume``; a key of the environment that cannot be used.
     """
 
-    _CKPT = re.compile(r"checkpoint_round(\d+)\.npz$")
-    _PICKLED = re.compile(r"checkpoint_round(\d+)\.pkl$")
     _RUN_FILES = ("rounds.jsonl", "final_model.npz", "progress.png", "signature.json")
 
     def __init__(self, output_dir: str | Path, *, plot: bool = True, resume: bool = False,
@@ -232,17 +230,19 @@ class RunWriter:
                              "num-rounds); a fresh run takes num-rounds as its plan")
         self.output_dir = Path(output_dir)
         self.plot, self.resume, self.overwrite, self.extend = plot, resume, overwrite, extend
-        self.keep_checkpoints = max(1, int(keep_checkpoints))
         self.lock = FolderLock(self.output_dir, run_id=run_id)
         #: The run's number of rounds (set when it starts; saved with each checkpoint).
         self.num_rounds: int | None = None
-        #: The run's identity (what shapes its result; :mod:`flowerdro.runs.identity`).
-        self.identity = identity
         #: The key of the HMACs (None: unsigned files).
         self.key: RunKey | None = run_key(self.output_dir) if key is FROM_ENVIRONMENT else key
-        #: The checkpoint :meth:`resume_checkpoint` chose (None before, or when it chose none).
-        self.resumed_from: Path | None = None
+        #: The folder's checkpoints, read and saved under the key and against the run's identity.
+        self.checkpoints = CheckpointStore(self.output_dir, key=self.key, identity=identity, keep=keep_checkpoints)
         self._checked = False
+
+    @property
+    def identity(self) -> dict[str, Any] | None:
+        """The run's identity (what shapes its result; :mod:`flowerdro.runs.identity`), None until known."""
+        return self.checkpoints.identity
 
     @property
     def rounds_path(self) -> Path:
@@ -287,7 +287,7 @@ class RunWriter:
         """
         if self.identity is None or self.overwrite:
             return
-        settings = self._settings() if recorded is None else recorded
+        settings = folder_settings(self.output_dir) if recorded is None else recorded
         recorded = settings.get("identity")
         if recorded is None:
             if settings and not self._checked:
@@ -314,120 +314,36 @@ class RunWriter:
             f"{describe_differences(refused)}\nResume with the run's settings, or start afresh "
             "in another output-dir (or with overwrite = true)")
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoints(self) -> list[tuple[int, Path]]:
-        """(round, path) of every checkpoint in the folder, oldest first."""
-        return self._found(self._CKPT)
-
-    def pickled_checkpoints(self) -> list[tuple[int, Path]]:
-        """(round, path) of the pickled ``checkpoint_roundNNNN.pkl`` files in the folder (never loaded)."""
-        return self._found(self._PICKLED)
-
-    def _found(self, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
-        if not self.output_dir.is_dir():
-            return []
-        return sorted((int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := pattern.match(p.name)))
-
-    def read_checkpoint(self, path: str | Path) -> Checkpoint:
-        """The checkpoint in ``path``, checked under the writer's key and against the run's identity.
-
-        Raises
-        ------
-        CheckpointError
-            Damaged, not signed as the key requires, or of another run (its header's
-            identity differs from :attr:`identity` in a key that shapes the result: each
-            named with both values).
-        """
-        checkpoint = read_checkpoint(path, key=self.key)
-        if self.identity is not None and checkpoint.identity is not None:
-            refused, _ = compare_identities(checkpoint.identity, self.identity)
-            if refused:
-                raise CheckpointError(f"checkpoint {path} belongs to another run (its "
-                                      f"{', '.join(d.key for d in refused)} differ):\n"
-                                      + describe_differences(refused, "in the checkpoint", "in this run"))
-        return checkpoint
-
-    def latest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest usable checkpoint of the folder (None when the folder holds none).
-
-        A checkpoint that is damaged (truncated, empty, garbage, wrong checksum), fails its
-        HMAC, or holds another run's identity is named in a warning and the one before it
-        is tried; when an older one is used, a warning names it and its round.
-        :attr:`resumed_from` is the file used.
-
-        Raises
-        ------
-        CheckpointError
-            Every checkpoint in the folder is unusable (each file and its fault named), or
-            the folder holds pickled ``.pkl`` checkpoints (never loaded; the error says
-            how to convert them).
-        """
-        pickled = self.pickled_checkpoints()
-        if pickled:
-            names = ", ".join(p.name for _, p in pickled)
-            raise CheckpointError(
-                f"{self.output_dir} holds pickled checkpoints ({names}), which are not loaded: unpickling a file "
-                "can run any code. If you wrote them yourself, convert them with "
-                f"`python -m flowerdro.runs.migrate {self.output_dir}`; otherwise delete them, or start afresh "
-                "without resume")
-        tried: list[str] = []
-        for rnd, path in reversed(self.checkpoints()):
-            try:
-                checkpoint = self.read_checkpoint(path)
-            except CheckpointError as exc:
-                log(WARNING, "%s; trying the checkpoint before it", exc)
-                tried.append(str(exc))
-                continue
-            if tried:
-                log(WARNING, "resuming from %s (round %d): %d newer checkpoint%s damaged or refused", path, rnd,
-                    len(tried), "" if len(tried) == 1 else "s")
-            if checkpoint.identity is None and self.identity is not None:
-                log(WARNING, "checkpoint %s records no run identity (written by an older flowerdro): its data "
-                    "and model are checked against settings.json only", path)
-            self.resumed_from = path
-            return checkpoint.state
-        if tried:
-            raise CheckpointError(f"{self.output_dir} holds no intact checkpoint; tried, newest first: "
-                                  + "; ".join(tried))
-        return None
-
+    # ------------------------------------------------------------------ what a resume takes from the folder
     def resume_checkpoint(self, num_rounds: int) -> dict[str, Any] | None:
         """The checkpoint to continue the run from, with its identity and ``num_rounds`` checked.
 
         Checks the run's identity against the folder's (:meth:`check_identity`), then
-        returns :meth:`latest_checkpoint`, or None (logged: "no checkpoint, starting
-        afresh") when the folder holds no checkpoint; the run then starts from round 1.
+        returns the latest usable checkpoint (:meth:`CheckpointStore.latest
+        <flowerdro.runs.store.CheckpointStore.latest>`), or None (logged: "no checkpoint,
+        starting afresh") when the folder holds no checkpoint; the run then starts from
+        round 1. The model of the checkpoint is checked later, against the clients'
+        (:meth:`CheckpointStore.check_model <flowerdro.runs.store.CheckpointStore.check_model>`).
 
         Raises
         ------
         RunIdentityError
             The folder's run has other settings (every key named with both values).
         CheckpointError
-            See :meth:`latest_checkpoint`.
+            See :meth:`CheckpointStore.latest <flowerdro.runs.store.CheckpointStore.latest>`.
         ValueError
             ``num_rounds`` breaks the run's plan (:func:`check_plan`).
         """
         self.check_identity()
-        checkpoint = self.latest_checkpoint()
+        checkpoint = self.checkpoints.latest()
         if checkpoint is None:
             records = self.rounds_path.read_text().count("\n") if self.rounds_path.is_file() else 0
             log(WARNING, "resume: no checkpoint in %s, starting afresh from round 1%s", self.output_dir,
                 f" (its {records} round records are replaced)" if records else "")
             return None
-        planned = self._settings().get("num_rounds", checkpoint.get("num_rounds"))
+        planned = folder_settings(self.output_dir).get("num_rounds", checkpoint.get("num_rounds"))
         check_plan(num_rounds, int(checkpoint["round"]), planned, extend=self.extend, where=self.output_dir)
         return checkpoint
-
-    def check_model(self, checkpoint: dict[str, Any], model: Any) -> None:
-        """Refuse a checkpoint to resume whose model differs from ``model`` (names, shapes, dtypes).
-
-        Raises
-        ------
-        CheckpointError
-            Naming the checkpoint file (:func:`~flowerdro.runs.checkpoint.check_model_arrays`).
-        """
-        where = self.resumed_from or self.output_dir
-        check_model_arrays(checkpoint, model, where)
 
     def finished_run(self, num_rounds: int) -> tuple[list[dict[str, Any]], ArrayRecord] | None:
         """The records and final model of the folder's run when it finished ``num_rounds`` rounds (else None).
@@ -451,29 +367,14 @@ class RunWriter:
                    if line.strip()]
         if not records or int(records[-1]["round"]) != num_rounds:
             return None
-        settings = self._parse_settings(files["settings.json"]) if "settings.json" in files else {}
+        settings = (parse_settings(files["settings.json"], self.output_dir / "settings.json")
+                    if "settings.json" in files else {})
         self.check_identity(finished=num_rounds, recorded=settings)
         signature_path = self.output_dir / "signature.json"
         signature = json.loads(read_own(signature_path, "signature")) if signature_path.is_file() else None
         if (why := check_signature(self.key, signature, files, self.output_dir, SIGNED_FILES)) is not None:
             raise IntegrityError(f"resume: the finished run in {self.output_dir} is not taken from disk: {why}")
         return records, arrays_from_bytes(files["final_model.npz"])
-
-    def save_checkpoint(self, state: dict[str, Any], server_round: int) -> Path:
-        """Write ``state`` as ``checkpoint_roundNNNN.npz`` (atomically) and drop the oldest beyond the kept ones.
-
-        The header carries the run's identity; under a key the file carries its HMAC.
-
-        Raises
-        ------
-        flowerdro.runs.files.RunFileError
-            The checkpoint could not be written (the path is named; the older checkpoints stay).
-        """
-        path = save_checkpoint(self.output_dir / checkpoint_name(server_round), state, identity=self.identity,
-                               key=self.key)
-        for _, old in self.checkpoints()[:-self.keep_checkpoints]:
-            self._remove(old, "old checkpoint")
-        return path
 
     # ------------------------------------------------------------------ the run
     def on_start(self, strategy: FairStrategy, num_rounds: int) -> None:
@@ -487,30 +388,17 @@ class RunWriter:
 
     def _start(self, strategy: FairStrategy, num_rounds: int) -> None:
         if self.identity is None:
-            self.identity = run_identity(strategy)
+            self.checkpoints.identity = run_identity(strategy)
         settings = json.loads(json.dumps(strategy.settings(), default=json_default))
-        old = self._settings()
+        old = folder_settings(self.output_dir)
+        resumed = self.resume and bool(strategy.history)
         if old and not self.overwrite:
-            if self.resume and strategy.history:
+            if resumed:
                 self.check_identity()
-            elif "identity" in old:
-                refused, _ = compare_identities(old["identity"], self.identity)
-                if refused:
-                    raise ValueError(
-                        f"output-dir: {self.output_dir} holds another run (settings differ in "
-                        f"{', '.join(d.key for d in refused)}):\n"
-                        + describe_differences(refused, "there", "now")
-                        + "\nChoose another output-dir, or set overwrite = true to replace it"
-                        + (", or resume = true only for the same run" if self.resume else ""))
-            else:  # a folder of an older flowerdro: its flat settings
-                diff = sorted(k for k in (set(old) | set(settings)) - set(PLAN_KEYS) if old.get(k) != settings.get(k))
-                if diff:
-                    raise ValueError(
-                        f"output-dir: {self.output_dir} holds another run (settings differ in {', '.join(diff[:5])}); "
-                        "choose another output-dir, or set overwrite = true to replace it"
-                        + (", or resume = true only for the same run" if self.resume else ""))
+            else:
+                refuse_other_run(self.output_dir, old, settings, self.identity, resume=self.resume)
         extensions = list(old.get("extensions", [])) if old else []
-        if self.resume and strategy.history:
+        if resumed:
             done = int(strategy.history[-1]["round"])
             planned = old.get("num_rounds") if old else None
             check_plan(num_rounds, done, planned, extend=self.extend, where=self.output_dir)
@@ -518,31 +406,28 @@ class RunWriter:
                 log(WARNING, "[%s] extend = true: the run in %s planned for %d rounds goes on to %d "
                     "(recorded in settings.json)", strategy.run_name, self.output_dir, planned, num_rounds)
                 extensions.append({"from": planned, "to": num_rounds, "after_round": done})
-            self._remove(self.output_dir / "signature.json", "signature of the earlier end")
-            self._write_text(self.rounds_path, "".join(record_line(r) for r in strategy.history), "round records")
-            for rnd, path in self.checkpoints():
-                if rnd > done:
-                    self._remove(path, "checkpoint after the resumed round")
+            remove_file(self.output_dir / "signature.json", "signature of the earlier end")
+            write_text(self.rounds_path, "".join(record_line(r) for r in strategy.history), "round records")
+            self.checkpoints.remove_after(done)
         else:
-            for _, path in self.checkpoints() + self.pickled_checkpoints():
-                self._remove(path, "checkpoint of the earlier run")
+            self.checkpoints.remove_all()
             for name in self._RUN_FILES:
-                self._remove(self.output_dir / name, "file of the earlier run")
-            self._write_text(self.rounds_path, "", "round records")
+                remove_file(self.output_dir / name, "file of the earlier run")
+            write_text(self.rounds_path, "", "round records")
             extensions = []
         self.num_rounds = num_rounds
         settings["num_rounds"] = num_rounds
         if extensions:
             settings["extensions"] = extensions
         settings["identity"] = self.identity
-        self._write_text(self.output_dir / "settings.json", json.dumps(settings, indent=2), "settings")
+        write_text(self.output_dir / "settings.json", json.dumps(settings, indent=2), "settings")
 
     def on_round(self, strategy: FairStrategy, record: dict[str, Any]) -> None:
         """Append the round record; save a checkpoint when one is due."""
         append_text(self.rounds_path, record_line(record), "the round record to")
         every = strategy.loop.checkpoint_every
         if every and record["round"] % every == 0:
-            self.save_checkpoint({**strategy.server_state(), "num_rounds": self.num_rounds}, int(record["round"]))
+            self.checkpoints.save({**strategy.server_state(), "num_rounds": self.num_rounds}, int(record["round"]))
 
     def on_end(self, strategy: FairStrategy, final: ArrayRecord) -> None:
         """Write ``final_model.npz``, the strategy's own files, ``signature.json`` under a key and
@@ -557,50 +442,20 @@ class RunWriter:
         for name, content in strategy.output_files().items():
             path = self.output_dir / name
             if name.endswith(".json"):
-                self._write_text(path, json.dumps(content, indent=2, default=json_default), "output file")
+                write_text(path, json.dumps(content, indent=2, default=json_default), "output file")
             else:
                 write_atomic(path, lambda fh, c=content: np.savez(fh, **{k: np.asarray(v) for k, v in c.items()}),
                              "output file")
         if self.key is not None:
             files = {name: read_own(self.output_dir / name, name) for name in SIGNED_FILES}
-            self._write_text(self.output_dir / "signature.json", json.dumps(sign_files(self.key, files), indent=2),
-                             "signature")
+            write_text(self.output_dir / "signature.json", json.dumps(sign_files(self.key, files), indent=2),
+                       "signature")
         if not self.plot:
             return
         try:
-            from flowerdro.plots import plot_comparison
+            from flowerdro.runs.plots import plot_comparison
 
             plot_comparison({strategy.run_name: strategy.history}, self.output_dir / "progress.png",
                             title=strategy.run_name)
         except Exception as exc:  # noqa: BLE001  # plotting must never fail a run
             log(WARNING, "[%s] could not draw the plot: %s", strategy.run_name, exc)
-
-    # ------------------------------------------------------------------ helpers
-    def _settings(self) -> dict[str, Any]:
-        """The folder's ``settings.json`` (empty when absent)."""
-        path = self.output_dir / "settings.json"
-        if not path.is_file() and not path.is_symlink():
-            return {}
-        return self._parse_settings(read_own(path, "settings"))
-
-    def _parse_settings(self, data: bytes) -> dict[str, Any]:
-        path = self.output_dir / "settings.json"
-        try:
-            settings = json.loads(data)
-        except ValueError as exc:
-            raise ValueError(f"output-dir: {path} is not valid JSON ({exc}); repair or remove it, or set "
-                             "overwrite = true") from exc
-        if not isinstance(settings, dict):
-            raise ValueError(f"output-dir: {path} does not hold a settings object; repair or remove it")
-        return settings
-
-    @staticmethod
-    def _write_text(path: Path, text: str, what: str) -> None:
-        write_text(path, text, what)
-
-    @staticmethod
-    def _remove(path: Path, what: str) -> None:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            raise RunFileError(what, path, exc, action="remove") from exc

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flowerdro.runs.records import expand_record
+
 __all__ = ["load_comparison", "load_records", "load_settings", "run_dirs"]
 
 _SEED_DIR = re.compile(r"seed(\d+)$")
@@ -23,8 +25,6 @@ def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "rounds.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"results: no rounds.jsonl in {run_dir}")
-    from flowerdro.runs.output import expand_record
-
     return [expand_record(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -39,7 +39,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Result, Strategy
 
 from flowerdro.protocol import NUM_EXAMPLES, TrainingSettings
@@ -57,7 +56,7 @@ from flowerdro.strategies.records import (
     round_line,
 )
 from flowerdro.strategies.replies import Expected, RunFailedError, RunHealth, metrics_of
-from flowerdro.strategies.rounds import Round, RunState, end_at_privacy_budget
+from flowerdro.strategies.rounds import Round, RunState, ServerEvaluation, run_rounds
 from flowerdro.strategies.settings_log import sent_training_note, settings_lines
 
 __all__ = ["FairStrategy", "LoopSettings", "RunFailedError", "StopRun"]
@@ -339,32 +338,12 @@ class FairStrategy(AlgorithmHooks, Strategy):
         arrays = self._begin_run(grid, initial_arrays, num_rounds, resume)
         first = self.round.number + 1 if resume is not None else 1
         result, t_run = Result(), time.time()
-        train_config = ConfigRecord() if train_config is None else train_config
-        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        evaluation = ServerEvaluation(evaluate_fn, result, self.run_name)
         self.run_state.driving, self.run_state.stopped = True, False
         try:
-            if evaluate_fn is not None and resume is None:  # the initial model, as Flower's Strategy.start does
-                if (res := evaluate_fn(0, arrays)) is not None:
-                    result.evaluate_metrics_serverapp[0] = res
-                log(INFO, "[%s] initial global evaluation: %s", self.run_name, res)
-            for rnd in range(first, num_rounds + 1):
-                try:
-                    arrays, train_metrics = self.train_round(rnd, grid, arrays, ConfigRecord(dict(train_config)))
-                except PrivacyBudgetExhausted as exc:  # the DP wrapper's accountant refused round rnd's release
-                    end_at_privacy_budget(self, rnd, exc)
-                    arrays = self.current_arrays if self.current_arrays is not None else arrays
-                    break
-                result.arrays = arrays
-                if train_metrics is not None:
-                    result.train_metrics_clientapp[rnd] = train_metrics
-                eval_metrics = self.evaluate_round(rnd, grid, arrays, ConfigRecord(dict(evaluate_config)))
-                if eval_metrics is not None:
-                    result.evaluate_metrics_clientapp[rnd] = eval_metrics
-                if evaluate_fn is not None and (res := evaluate_fn(rnd, self.evaluation_arrays(arrays))) is not None:
-                    result.evaluate_metrics_serverapp[rnd] = res
-                if self.run_state.stopped:
-                    arrays = self.current_arrays if self.current_arrays is not None else arrays
-                    break
+            evaluation.initial(arrays, resumed=resume is not None)  # round 0, as Flower's Strategy.start does
+            arrays = run_rounds(self, grid, arrays, range(first, num_rounds + 1), train_config or ConfigRecord(),
+                                evaluate_config or ConfigRecord(), evaluation)
             result.arrays = self.finish(arrays)
         except BaseException as exc:
             self.observers.notify(self, "on_error", exc)  # e.g. the RunWriter releases its folder's lock

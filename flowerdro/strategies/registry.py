@@ -185,8 +185,29 @@ def build_strategy(
     strategy.attack = node.attack_record()
     if output_dir is not None:
         strategy.add_observer(RunWriter(output_dir, resume=resume, overwrite=overwrite, extend=extend,
-                                        run_id=run_id, identity=run_identity(strategy, run_config, algorithm=name)))
+                                        run_id=run_id, identity=strategy_identity(strategy, run_config, name)))
     return strategy
+
+
+def strategy_identity(strategy: FairStrategy, run_config: Mapping[str, Any], algorithm: str | None = None
+                      ) -> dict[str, Any]:
+    """The run identity of ``strategy`` built from ``run_config`` (:func:`flowerdro.runs.identity.run_identity`).
+
+    Hands the identity what the registry knows: every key a settings class declares
+    (:func:`known_keys`; the others are the project's own) and the settings classes of
+    central DP, whose values shape the result.
+
+    Parameters
+    ----------
+    strategy : FairStrategy
+        The strategy :func:`build_strategy` built from ``run_config``.
+    run_config : Mapping
+        Its run config.
+    algorithm : str, optional
+        The registered name it was built under (default: the strategy's ``name``).
+    """
+    return run_identity(strategy, run_config, algorithm=algorithm, known_keys=known_keys(),
+                        settings_classes=settings_groups()["privacy"])
 
 
 # ---------------------------------------------------------------- every key of a run config

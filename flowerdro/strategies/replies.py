@@ -119,7 +119,7 @@ def _error_head(reason: str) -> str:
     """A client error's first line, pointing to the logged traceback when the reason carries one.
 
     flowerdro's client routes answer an exception with its type and message, then the
-    client-side traceback (:func:`flowerdro.clients.errors.describe`); the dropped reply's
+    client-side traceback (:func:`flowerdro.client_errors.describe`); the dropped reply's
     log line shows all of it once, the run's error repeats only the first line.
     """
     head, _, rest = reason.partition("\n")

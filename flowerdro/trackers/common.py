@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.common import log
 
-from flowerdro.runs.output import expand_record
+from flowerdro.runs.records import expand_record
 from flowerdro.strategies.base import StopRun  # noqa: F401  # re-exported: observers raise it
 
 if TYPE_CHECKING:

@@ -239,7 +239,7 @@ class MLflowTracker(Tracker):
         for chunk in _chunks(metrics, _MAX_METRICS):
             self.client.log_batch(self._run(), metrics=chunk)
         if dists:
-            from flowerdro.runs.output import expand_record
+            from flowerdro.runs.records import expand_record
 
             rec = expand_record(record)
             parts = sorted({int(p) for name in dists for p in rec[name]})

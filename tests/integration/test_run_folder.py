@@ -24,9 +24,9 @@ from ..conftest import records_without_wall_time
 @pytest.fixture(autouse=True)
 def no_plots(monkeypatch):
     """The figures are not under test here and take most of a small run's time."""
-    import flowerdro.plots
+    import flowerdro.runs.plots
 
-    monkeypatch.setattr(flowerdro.plots, "plot_comparison", lambda *a, **k: None)
+    monkeypatch.setattr(flowerdro.runs.plots, "plot_comparison", lambda *a, **k: None)
 
 
 def _experiment(root, name="drfa", rounds=4, **rc) -> dict:

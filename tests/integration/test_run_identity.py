@@ -26,9 +26,9 @@ def no_plots(monkeypatch, request):
     """The figures take most of a small run's time; the link test draws them."""
     if request.node.name.startswith("test_links_planted"):
         return
-    import flowerdro.plots
+    import flowerdro.runs.plots
 
-    monkeypatch.setattr(flowerdro.plots, "plot_comparison", lambda *a, **k: None)
+    monkeypatch.setattr(flowerdro.runs.plots, "plot_comparison", lambda *a, **k: None)
 
 
 def _experiment(root, name="drfa", rounds=4, **rc) -> dict:
@@ -68,9 +68,9 @@ def cut_run(tmp_path_factory):
         if event == "on_round" and args[0]["round"] == 2:
             raise Crash
 
-    import flowerdro.plots
+    import flowerdro.runs.plots
 
-    mp.setattr(flowerdro.plots, "plot_comparison", lambda *a, **k: None)
+    mp.setattr(flowerdro.runs.plots, "plot_comparison", lambda *a, **k: None)
     mp.setattr(Observers, "notify", crashing)
     try:
         with pytest.raises(Crash):

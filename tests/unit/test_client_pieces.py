@@ -17,8 +17,8 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from torch import nn
 
+from flowerdro.client_errors import describe, reply_errors
 from flowerdro.clients import ClientKit
-from flowerdro.clients.errors import describe, reply_errors
 from flowerdro.clients.userdata import call_data_fn
 from flowerdro.clients.userloop import accuracy_key, epochs_of
 from flowerdro.experiments import InProcessGrid

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from flowerdro.runs.output import COMPACT_MIN, compact_record, expand_record, record_line
+from flowerdro.runs.records import COMPACT_MIN, compact_record, expand_record, record_line
 from flowerdro.runs.results import load_records
 
 

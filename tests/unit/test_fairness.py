@@ -42,7 +42,7 @@ def test_bad_fraction():
 
 
 def test_moving_average_by_hand():
-    from flowerdro.plots import _moving_average
+    from flowerdro.runs.plots import _moving_average
 
     # averages of small integers are exact in float64; default rtol 1e-7 is ample
     np.testing.assert_allclose(_moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0])

@@ -16,7 +16,7 @@ from flowerdro.runs.checkpoint import (
 )
 from flowerdro.runs.identity import compare_identities, own_key_digest, run_identity
 from flowerdro.runs.integrity import KEY_ENV, KEY_FILE_ENV, RunKey, run_key
-from flowerdro.strategies.registry import build_strategy
+from flowerdro.strategies.registry import build_strategy, known_keys, strategy_identity
 
 BASE = {"strategy": "drfa", "lr": 0.05, "data-seed": 0, "device": "auto", "threads": 1, "data-dir": "",
         "flowerdro-version": "0.1.0", "flwr-version": "1.41.0"}
@@ -53,7 +53,7 @@ def test_a_key_one_side_lacks_is_refused_unless_flowerdros_version_differs():
 def test_the_identity_holds_the_data_model_and_own_keys_and_leaves_out_the_plan():
     rc = {"dataset": "synthetic", "synthetic-alpha": 0.5, "model": "mlp", "hidden": "16", "my-path": "/secret/x",
           "num-rounds": 7, "checkpoint-every": 2, "output-dir": "out", "lr": 0.1}
-    ident = run_identity(build_strategy("afl", rc), rc, algorithm="afl")
+    ident = strategy_identity(build_strategy("afl", rc), rc, algorithm="afl")
     assert ident["strategy"] == "afl" and ident["local-steps"] == 1  # the registry's fixed τ = 1
     assert (ident["synthetic-alpha"], ident["model"], ident["hidden"], ident["lr"]) == (0.5, "mlp", [16], 0.1)
     assert ident["num-partitions"] is None  # the nodes' config decides
@@ -62,10 +62,27 @@ def test_the_identity_holds_the_data_model_and_own_keys_and_leaves_out_the_plan(
     for left_out in ("num-rounds", "checkpoint-every", "output-dir", "resume", "max-failed-rounds",
                      "min-available-nodes", "round-timeout"):
         assert left_out not in ident
-    other = run_identity(build_strategy("afl", {**rc, "my-path": "/secret/y"}), {**rc, "my-path": "/secret/y"},
-                         algorithm="afl")
+    other = strategy_identity(build_strategy("afl", {**rc, "my-path": "/secret/y"}), {**rc, "my-path": "/secret/y"},
+                              algorithm="afl")
     assert _keys(compare_identities(ident, other)[0]) == ["own:my-path"]
     assert own_key_digest({"b": 1, "a": [1, 2]}) == own_key_digest({"a": (1, 2), "b": 1})
+
+
+def test_the_identity_takes_the_keys_it_knows_and_the_settings_that_shape_a_result_from_its_caller():
+    """The run folders know no strategy: which keys are flowerdro's, and central DP's settings, are handed in."""
+    from flowerdro.privacy import PrivacySettings
+
+    rc = {"dataset": "synthetic", "lr": 0.1, "my-key": 3, "dp-noise-multiplier": 0.7}
+    strategy = build_strategy("drfa", rc)
+    bare = run_identity(strategy, rc, known_keys=known_keys())
+    assert bare["own:my-key"] == own_key_digest(3) and "dp-noise-multiplier" not in bare
+    given = run_identity(strategy, rc, known_keys=known_keys() | {"my-key"}, settings_classes=[PrivacySettings])
+    assert "own:my-key" not in given
+    assert (given["dp-noise-multiplier"], given["dp"], given["dp-clipping-norm"]) == (0.7, "", 1.0)
+    assert strategy_identity(strategy, rc) == {**given, "own:my-key": own_key_digest(3)}
+    with pytest.raises(TypeError, match="known_keys is required"):
+        run_identity(strategy, rc)
+    assert "dataset" not in run_identity(strategy)  # no run config: what the strategy knows
 
 
 # --------------------------------------------------------------------------- the key

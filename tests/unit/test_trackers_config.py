@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowerdro.runs import RunSettings
-from flowerdro.runs.output import compact_record
+from flowerdro.runs.records import compact_record
 from flowerdro.settings import read_settings
 from flowerdro.strategies.registry import check_run_config
 from flowerdro.trackers import client_distributions, flat_settings, load_factory, round_scalars

@@ -10,6 +10,11 @@ message followed by the frames that locate it (:func:`describe`): the same text 
 client that fails alike, so the server (:mod:`flowerdro.strategies.messaging`) logs it
 once, naming the node and the partition, and stops a run in which every client fails
 alike. Nothing is logged on the client: in a deployment the server's log names the node.
+
+It sits below both sides of the wire that answer a message: flowerdro's client routes
+(:mod:`flowerdro.clients.mods` puts :func:`reply_errors` outside every route) and the
+legacy format (:func:`flowerdro.legacy_wire.serve_ins` answers a failed FitIns with
+:func:`error_reply`); it needs nothing of flowerdro but Flower.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ FRAMES = 5
 
 
 #: flowerdro's modules that only route a message to its handler (their frames locate nothing).
-ROUTING = ("flowerdro/clients/errors.py", "flowerdro/clients/mods.py", "flowerdro/clients/routes.py",
+ROUTING = ("flowerdro/client_errors.py", "flowerdro/clients/mods.py", "flowerdro/clients/routes.py",
            "flowerdro/legacy_wire.py", "flowerdro/legacy.py")
 
 

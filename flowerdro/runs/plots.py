@@ -12,6 +12,11 @@
 A regression run (no accuracy, only a test loss per client) gets the same panels on the
 loss, worst meaning highest. :func:`plot_history` draws plain per-round curves of chosen
 keys, for scripts.
+
+The figures are of run results (the round records of :mod:`flowerdro.runs.records`) and
+are written like every file of a run folder (:func:`flowerdro.runs.files.save_figure`:
+atomically, never through a link): a run's ``progress.png``
+(:class:`~flowerdro.runs.output.RunWriter`) and a comparison's ``comparison.png``.
 """
 
 from __future__ import annotations
